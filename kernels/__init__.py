@@ -1,0 +1,30 @@
+"""Hand-written Triton kernels for ignis, each with a PyTorch reference of the same signature.
+
+The reference is both the CPU path and the oracle of the tests. This package imports
+nothing of ignis. Public ops:
+
+  write_kv(key, value, k_cache, v_cache, slot_mapping, backend=None)
+  paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+                  scale=None, sliding_window=None, out=None, backend=None)
+  sample(...)  -- see kernels.sampling
+
+backend: None (the process default, see set_backend), "auto", "triton" or "torch".
+"""
+
+from kernels.attention_ref import paged_attention_ref
+from kernels.backend import Backend, get_backend, set_backend
+from kernels.kv_cache_ref import write_kv_ref
+
+# TODO(kernels issue): dispatch to the Triton kernels; until then the reference runs.
+write_kv = write_kv_ref
+paged_attention = paged_attention_ref
+
+__all__ = [
+    "Backend",
+    "get_backend",
+    "paged_attention",
+    "paged_attention_ref",
+    "set_backend",
+    "write_kv",
+    "write_kv_ref",
+]
