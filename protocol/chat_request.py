@@ -1,0 +1,697 @@
+"""`POST /v1/chat/completions`: request body -> `ChatRequest`, or a `Refusal`.
+
+`decode_chat_request(body)` takes the parsed JSON (`load_json_body` parses bytes and
+refuses bad JSON) and returns a frozen `ChatRequest` whose ``messages`` are the
+internal conversation (`protocol.conversation.ChatMessage`), the same list the
+Responses decoder produces, so both endpoints render identical prompts. Every
+mistake raises `protocol.errors.Refusal` (status 400, ``invalid_request_error``)
+with ``param`` at the offending value in OpenAI's notation
+(``messages[2].content[0].type``, ``tools[0].function.name``) and one of these codes:
+
+=============================  ==============================================================
+code                           when
+=============================  ==============================================================
+invalid_json                   the body is not JSON, or not a JSON object (param null)
+missing_required_parameter     ``model``, ``messages``, a message's ``role``/``content``, ...
+unknown_parameter              a key OpenAI does not define (top level, message, part, tool)
+invalid_type                   a value of the wrong JSON type
+invalid_value                  a value outside its enum or pattern; conversation-order errors
+empty_array / empty_string     ``messages: []``, ``content: []``, ``model: ""``, ...
+unsupported_value              a defined value ignis cannot honour: ``n`` > 1, image/audio/file
+                               parts, ``json_object``/``json_schema`` formats, non-function
+                               tools, non-empty ``logit_bias``, ``modalities: ["audio"]``,
+                               the ``function`` role, ``allowed_tools``/custom tool choice
+unsupported_parameter          a defined parameter ignis cannot honour when not null:
+                               ``audio``, ``prediction``, ``web_search_options``,
+                               ``moderation``, ``functions``, ``function_call``
+(sampling codes)               from `protocol.sampling.extract_sampling`: ranges of
+                               temperature, top_p, penalties, stop, max tokens, ...
+=============================  ==============================================================
+
+Accepted and ignored: ``user``, ``store``, ``metadata``, ``service_tier``,
+``prompt_cache_key``, ``prompt_cache_retention``, ``prompt_cache_options``,
+``safety_identifier``, ``verbosity``, ``stream_options.include_obfuscation``,
+``logit_bias: {}``, ``modalities: ["text"]``, ``response_format: {"type": "text"}``,
+``parallel_tool_calls`` (kept on the request for the engine), ``annotations`` on
+an assistant message, ``name`` on any message.
+
+ignis extensions: ``top_k``, ``min_p``, ``repetition_penalty``, ``thinking``
+(see `protocol.sampling`), and on assistant messages ``reasoning_content`` (the
+thinking text of that turn, as ignis streams it back; ``reasoning`` is read as an
+alias, as some clients name it).
+
+Pure stdlib: no ignis, sanic, torch or asyncio.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from protocol.checks import (
+    check_array,
+    check_bool,
+    check_enum,
+    check_int,
+    check_known_keys,
+    check_object,
+    check_str,
+    path,
+    refuse_missing,
+    require,
+)
+from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice, join_text
+from protocol.errors import Refusal
+from protocol.sampling import CHAT_NAMES, EFFORTS, SamplingFields, extract_sampling
+
+__all__ = [
+    "ChatRequest",
+    "decode_chat_request",
+    "decode_chat_request_bytes",
+    "load_json_body",
+    "TOP_LEVEL_KEYS",
+    "TOOL_NAME_PATTERN",
+]
+
+# Every top-level key the decoder knows. Anything else: unknown_parameter.
+_SAMPLING_KEYS = frozenset(CHAT_NAMES)  # temperature, top_p, top_k, ..., max_tokens, thinking
+_OWN_KEYS = frozenset(
+    {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "n",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "response_format",
+        "reasoning_effort",
+        "modalities",
+        "logit_bias",
+        # accepted and ignored
+        "user",
+        "store",
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "verbosity",
+        # refused unless null
+        "audio",
+        "prediction",
+        "web_search_options",
+        "moderation",
+        "functions",
+        "function_call",
+    }
+)
+TOP_LEVEL_KEYS: frozenset[str] = _SAMPLING_KEYS | _OWN_KEYS
+
+_UNSUPPORTED_PARAMS: Mapping[str, str] = {
+    "audio": "ignis produces text only.",
+    "prediction": "ignis does not do predicted outputs.",
+    "web_search_options": "ignis has no web search.",
+    "moderation": "ignis does not moderate.",
+    "functions": "Use 'tools' instead.",
+    "function_call": "Use 'tool_choice' instead.",
+}
+
+# OpenAI's pattern for function names (and its 64-character limit).
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]+$"
+_TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]+")
+_TOOL_NAME_MAX = 64
+
+_SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast")
+_MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+_MESSAGE_KEYS: Mapping[str, frozenset[str]] = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    "assistant": frozenset(
+        {
+            "role",
+            "content",
+            "name",
+            "tool_calls",
+            "reasoning_content",
+            "reasoning",
+            "refusal",
+            "annotations",
+            "audio",
+            "function_call",
+        }
+    ),
+    "tool": frozenset({"role", "content", "tool_call_id", "name"}),
+}
+_UNSUPPORTED_PARTS = ("image_url", "input_audio", "file")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A decoded chat-completions request.
+
+    ``messages`` is the internal conversation (see `protocol.conversation`).
+    ``sampling`` holds every sampling/thinking knob (None = default), including
+    ``max_output_tokens`` (from ``max_completion_tokens`` or ``max_tokens``),
+    ``stop``, ``seed`` and ``top_logprobs``; ``reasoning_effort`` is folded into
+    ``sampling.thinking``/``thinking_budget``.
+    ``logprobs``: return per-token logprobs of the answer text, with
+    `top_logprobs` alternatives each.
+    """
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingFields = field(default_factory=SamplingFields)
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
+    parallel_tool_calls: bool = True
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    logprobs: bool = False
+    # accepted, not acted on; kept for logs
+    user: str | None = None
+    metadata: Mapping[str, str] | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+
+    @property
+    def top_logprobs(self) -> int:
+        """Alternatives per token when `logprobs` is on (0 when not asked)."""
+        return self.sampling.top_logprobs or 0
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def load_json_body(raw: bytes | bytearray | memoryview | str) -> Any:
+    """Parse a request body; refuse anything that is not valid JSON (code ``invalid_json``).
+
+    Strict JSON: ``NaN``/``Infinity`` are refused, bytes must be UTF-8 (a BOM is
+    tolerated). Returns whatever JSON value it holds; `decode_chat_request` refuses
+    a non-object.
+    """
+    try:
+        if isinstance(raw, (bytes, bytearray, memoryview)):
+            text = bytes(raw).decode("utf-8-sig")
+        else:
+            text = raw[1:] if raw.startswith("\ufeff") else raw
+        return json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError, TypeError):
+        raise _invalid_json() from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"not JSON: {name}")
+
+
+def _invalid_json(detail: str = "") -> Refusal:
+    return Refusal(
+        "We could not parse the JSON body of your request. The API expects a JSON object"
+        f" as the request body{detail}.",
+        param=None,
+        code="invalid_json",
+    )
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def decode_chat_request_bytes(raw: bytes | bytearray | memoryview | str) -> ChatRequest:
+    """`load_json_body` then `decode_chat_request`."""
+    return decode_chat_request(load_json_body(raw))
+
+
+def decode_chat_request(body: Any) -> ChatRequest:
+    """Check a parsed chat-completions body and normalise it. Raises `Refusal`."""
+    try:
+        return _decode(body)
+    except Refusal:
+        raise
+    except RecursionError:
+        raise _invalid_json(" (nested too deeply)") from None
+
+
+def _decode(body: Any) -> ChatRequest:
+    if not isinstance(body, Mapping):
+        raise _invalid_json(f", but got {_json_kind(body)}")
+    check_known_keys(body, "", TOP_LEVEL_KEYS)
+
+    for key, why in _UNSUPPORTED_PARAMS.items():
+        if body.get(key) is not None:
+            raise Refusal(
+                f"Unsupported parameter: '{key}' is not supported by ignis. {why}",
+                param=key,
+                code="unsupported_parameter",
+            )
+
+    model = check_str(require(body, "model", ""), "model", min_len=1)
+    messages = _decode_messages(body)
+    tools = _decode_tools(body.get("tools"))
+    tool_choice = _decode_tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else check_bool(parallel, "parallel_tool_calls")
+
+    n = body.get("n")
+    if n is not None and check_int(n, "n", ge=1) > 1:
+        raise Refusal(
+            f"Unsupported value: 'n' must be 1 with ignis (one choice per request), got {n}.",
+            param="n",
+            code="unsupported_value",
+        )
+
+    stream = body.get("stream")
+    stream = False if stream is None else check_bool(stream, "stream")
+    include_usage = _decode_stream_options(body.get("stream_options"), stream)
+
+    # reasoning_effort is checked here too: `extract_sampling` skips it when an
+    # explicit `thinking` wins, and a wrong value must not pass silently.
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        check_enum(effort, "reasoning_effort", EFFORTS)
+    sampling = extract_sampling(body, names=CHAT_NAMES, effort_param="reasoning_effort")
+
+    logprobs = body.get("logprobs")
+    logprobs = False if logprobs is None else check_bool(logprobs, "logprobs")
+    if sampling.top_logprobs is not None and not logprobs:
+        raise Refusal(
+            "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is given.",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+
+    _check_response_format(body.get("response_format"))
+    _check_modalities(body.get("modalities"))
+    _check_logit_bias(body.get("logit_bias"))
+
+    user = _opt_str(body, "user")
+    _opt_str(body, "safety_identifier")
+    prompt_cache_key = _opt_str(body, "prompt_cache_key")
+    if body.get("store") is not None:
+        check_bool(body["store"], "store")
+    service_tier = body.get("service_tier")
+    if service_tier is not None:
+        check_enum(service_tier, "service_tier", _SERVICE_TIERS)
+    if body.get("prompt_cache_retention") is not None:
+        check_enum(body["prompt_cache_retention"], "prompt_cache_retention", ("in_memory", "24h"))
+    if body.get("prompt_cache_options") is not None:
+        check_object(body["prompt_cache_options"], "prompt_cache_options")
+    if body.get("verbosity") is not None:
+        check_enum(body["verbosity"], "verbosity", ("low", "medium", "high"))
+    metadata = _decode_metadata(body.get("metadata"))
+
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        sampling=sampling,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        user=user,
+        metadata=metadata,
+        prompt_cache_key=prompt_cache_key,
+        service_tier=service_tier,
+    )
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _decode_messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
+    raw = check_array(require(body, "messages", ""), "messages")
+    if not raw:
+        raise _empty_array("messages")
+    out: list[ChatMessage] = []
+    # Tool calls of the latest assistant turn not yet answered: id -> name, and its index.
+    pending: dict[str, str] = {}
+    answered: set[str] = set()
+    calls_at: int | None = None
+    for i, item in enumerate(raw):
+        p = path("messages", i)
+        msg = _decode_message(item, p)
+        if msg.role == "tool":
+            if calls_at is None:
+                raise Refusal(
+                    f"Invalid parameter: messages with role 'tool' must be a response to a preceding message"
+                    f" with 'tool_calls' ('{p}.role').",
+                    param=path(p, "role"),
+                    code="invalid_value",
+                )
+            name = pending.get(msg.tool_call_id or "")
+            if name is None or msg.tool_call_id in answered:
+                raise Refusal(
+                    f"Invalid '{p}.tool_call_id': {msg.tool_call_id!r} does not answer a pending tool call of"
+                    f" the assistant message at messages[{calls_at}].",
+                    param=path(p, "tool_call_id"),
+                    code="invalid_value",
+                )
+            answered.add(msg.tool_call_id or "")
+            msg = ChatMessage("tool", msg.content, tool_call_id=msg.tool_call_id, name=name)
+        else:
+            _check_all_answered(pending, answered, calls_at)
+            calls_at = None
+            pending, answered = {}, set()
+            if msg.tool_calls:
+                calls_at = i
+                pending = {c.id: c.name for c in msg.tool_calls}
+        out.append(msg)
+    _check_all_answered(pending, answered, calls_at)
+    return tuple(out)
+
+
+def _check_all_answered(pending: Mapping[str, str], answered: set[str], calls_at: int | None) -> None:
+    missing = [cid for cid in pending if cid not in answered]
+    if calls_at is not None and missing:
+        p = path("messages", calls_at)
+        raise Refusal(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each"
+            f" 'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(missing)}",
+            param=path(p, "role"),
+            code="invalid_value",
+        )
+
+
+def _decode_message(item: Any, p: str) -> ChatMessage:
+    obj = check_object(item, p)
+    role = require(obj, "role", p)
+    if role == "function":
+        raise Refusal(
+            f"Unsupported value: '{p}.role' does not support 'function'. Use 'tool' messages instead.",
+            param=path(p, "role"),
+            code="unsupported_value",
+        )
+    check_enum(role, path(p, "role"), _MESSAGE_ROLES)
+    check_known_keys(obj, p, _MESSAGE_KEYS[role])
+    name = _opt_str(obj, "name", p)
+
+    if role == "assistant":
+        return _decode_assistant(obj, p, name)
+
+    content = _decode_content(obj.get("content"), path(p, "content"), role)
+    if content is None:
+        refuse_missing(path(p, "content"))
+    if role == "tool":
+        call = check_str(require(obj, "tool_call_id", p), path(p, "tool_call_id"))
+        return ChatMessage("tool", content, tool_call_id=call)
+    return ChatMessage(role, content, name=name)
+
+
+def _decode_assistant(obj: Mapping[str, Any], p: str, name: str | None) -> ChatMessage:
+    content = _decode_content(obj.get("content"), path(p, "content"), "assistant")
+    refusal = _opt_str(obj, "refusal", p)
+    reasoning = _opt_str(obj, "reasoning_content", p)
+    alias = _opt_str(obj, "reasoning", p)
+    if reasoning is None:
+        reasoning = alias
+    for key in ("audio", "function_call"):
+        if obj.get(key) is not None:
+            raise Refusal(
+                f"Unsupported value: '{p}.{key}' must be null with ignis.",
+                param=path(p, key),
+                code="unsupported_value",
+            )
+    if obj.get("annotations") is not None:
+        check_array(obj["annotations"], path(p, "annotations"))
+
+    calls: list[ToolCall] = []
+    raw_calls = obj.get("tool_calls")
+    if raw_calls is not None:
+        cp = path(p, "tool_calls")
+        seen: set[str] = set()
+        for j, rc in enumerate(check_array(raw_calls, cp)):
+            call = _decode_tool_call(rc, path(cp, j))
+            if call.id in seen:
+                raise Refusal(
+                    f"Invalid '{cp}[{j}].id': duplicate tool call id {call.id!r}.",
+                    param=path(path(cp, j), "id"),
+                    code="invalid_value",
+                )
+            seen.add(call.id)
+            calls.append(call)
+
+    if refusal:
+        content = (content or "") + refusal
+    if content is None and not calls and reasoning is None:
+        # OpenAI: content is required unless tool_calls is given.
+        refuse_missing(path(p, "content"))
+    return ChatMessage(
+        "assistant", content or "", reasoning=reasoning, tool_calls=tuple(calls), name=name
+    )
+
+
+def _decode_tool_call(raw: Any, p: str) -> ToolCall:
+    obj = check_object(raw, p)
+    kind = require(obj, "type", p)
+    if kind == "custom":
+        raise Refusal(
+            f"Unsupported value: '{p}.type' does not support 'custom' with ignis; only 'function' tool calls.",
+            param=path(p, "type"),
+            code="unsupported_value",
+        )
+    check_enum(kind, path(p, "type"), ("function",))
+    check_known_keys(obj, p, {"id", "type", "function"})
+    call_id = check_str(require(obj, "id", p), path(p, "id"), min_len=1)
+    fp = path(p, "function")
+    fn = check_object(require(obj, "function", p), fp)
+    check_known_keys(fn, fp, {"name", "arguments"})
+    name = check_str(require(fn, "name", fp), path(fp, "name"), min_len=1)
+    arguments = fn.get("arguments")
+    if arguments is None:
+        refuse_missing(path(fp, "arguments"))
+    arguments = check_str(arguments, path(fp, "arguments"))
+    return ToolCall(call_id, name, arguments)
+
+
+def _decode_content(value: Any, p: str, role: str) -> str | None:
+    """A message's content as one string; None when null/absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise Refusal(
+            f"Invalid type for '{p}': expected one of a string or array of objects, but got"
+            f" {_json_kind(value)} instead.",
+            param=p,
+            code="invalid_type",
+        )
+    if not value:
+        raise _empty_array(p)
+    texts: list[str] = []
+    allowed = ("text", "refusal") if role == "assistant" else ("text",)
+    for j, part in enumerate(value):
+        pp = path(p, j)
+        obj = check_object(part, pp)
+        kind = require(obj, "type", pp)
+        if kind in _UNSUPPORTED_PARTS:
+            raise Refusal(
+                f"Unsupported value: '{pp}.type' of '{kind}' is not supported by ignis (text only).",
+                param=path(pp, "type"),
+                code="unsupported_value",
+            )
+        check_enum(kind, path(pp, "type"), allowed)
+        check_known_keys(obj, pp, {"type", kind})
+        texts.append(check_str(require(obj, kind, pp), path(pp, kind)))
+    return join_text(texts)
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _decode_tools(raw: Any) -> tuple[FunctionTool, ...]:
+    if raw is None:
+        return ()
+    out: list[FunctionTool] = []
+    names: set[str] = set()
+    for i, item in enumerate(check_array(raw, "tools")):
+        p = path("tools", i)
+        obj = check_object(item, p)
+        kind = require(obj, "type", p)
+        if kind == "custom":
+            raise Refusal(
+                f"Unsupported value: '{p}.type' of 'custom' is not supported by ignis; only 'function' tools.",
+                param=path(p, "type"),
+                code="unsupported_value",
+            )
+        check_enum(kind, path(p, "type"), ("function",))
+        check_known_keys(obj, p, {"type", "function"})
+        fp = path(p, "function")
+        fn = check_object(require(obj, "function", p), fp)
+        check_known_keys(fn, fp, {"name", "description", "parameters", "strict"})
+        np = path(fp, "name")
+        name = check_str(require(fn, "name", fp), np, min_len=1, max_len=_TOOL_NAME_MAX)
+        if not _TOOL_NAME_RE.fullmatch(name):
+            raise Refusal(
+                f"Invalid '{np}': string does not match pattern. Expected a string that matches the pattern"
+                f" '{TOOL_NAME_PATTERN}'.",
+                param=np,
+                code="invalid_value",
+            )
+        if name in names:
+            raise Refusal(
+                f"Invalid '{np}': duplicate function name {name!r}; tool names must be unique.",
+                param=np,
+                code="invalid_value",
+            )
+        names.add(name)
+        description = _opt_str(fn, "description", fp)
+        parameters = fn.get("parameters")
+        if parameters is not None:
+            parameters = check_object(parameters, path(fp, "parameters"))
+        strict = fn.get("strict")
+        if strict is not None:
+            strict = check_bool(strict, path(fp, "strict"))
+        out.append(FunctionTool(name, description, parameters, strict))
+    return tuple(out)
+
+
+def _decode_tool_choice(raw: Any, tools: tuple[FunctionTool, ...]) -> ToolChoice:
+    if raw is None:
+        return ToolChoice("auto" if tools else "none")
+    if isinstance(raw, str):
+        mode = check_enum(raw, "tool_choice", ("none", "auto", "required"))
+        choice = ToolChoice(mode)
+    elif isinstance(raw, Mapping):
+        kind = require(raw, "type", "tool_choice")
+        if kind in ("allowed_tools", "custom"):
+            raise Refusal(
+                f"Unsupported value: 'tool_choice.type' of '{kind}' is not supported by ignis.",
+                param="tool_choice.type",
+                code="unsupported_value",
+            )
+        check_enum(kind, "tool_choice.type", ("function",))
+        check_known_keys(raw, "tool_choice", {"type", "function"})
+        fn = check_object(require(raw, "function", "tool_choice"), "tool_choice.function")
+        check_known_keys(fn, "tool_choice.function", {"name"})
+        name = check_str(require(fn, "name", "tool_choice.function"), "tool_choice.function.name", min_len=1)
+        if tools and name not in {t.name for t in tools}:
+            raise Refusal(
+                f"Invalid value for 'tool_choice.function.name': no function named {name!r} in 'tools'.",
+                param="tool_choice.function.name",
+                code="invalid_value",
+            )
+        choice = ToolChoice("required", name)
+    else:
+        raise Refusal(
+            f"Invalid type for 'tool_choice': expected one of a string or an object, but got"
+            f" {_json_kind(raw)} instead.",
+            param="tool_choice",
+            code="invalid_type",
+        )
+    if not tools and choice.mode == "required":
+        raise Refusal(
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+            param="tool_choice",
+            code="invalid_value",
+        )
+    return choice
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+def _decode_stream_options(raw: Any, stream: bool) -> bool:
+    if raw is None:
+        return False
+    obj = check_object(raw, "stream_options")
+    if not stream:
+        raise Refusal(
+            "Invalid value for 'stream_options': 'stream_options' is only allowed when 'stream' is true.",
+            param="stream_options",
+            code="invalid_value",
+        )
+    check_known_keys(obj, "stream_options", {"include_usage", "include_obfuscation"})
+    if obj.get("include_obfuscation") is not None:
+        check_bool(obj["include_obfuscation"], "stream_options.include_obfuscation")
+    usage = obj.get("include_usage")
+    return False if usage is None else check_bool(usage, "stream_options.include_usage")
+
+
+def _check_response_format(raw: Any) -> None:
+    if raw is None:
+        return
+    obj = check_object(raw, "response_format")
+    kind = require(obj, "type", "response_format")
+    if kind in ("json_object", "json_schema"):
+        raise Refusal(
+            f"Unsupported value: 'response_format.type' of '{kind}' is not supported by ignis"
+            " (no constrained decoding); use 'text'.",
+            param="response_format.type",
+            code="unsupported_value",
+        )
+    check_enum(kind, "response_format.type", ("text",))
+    check_known_keys(obj, "response_format", {"type"})
+
+
+def _check_modalities(raw: Any) -> None:
+    if raw is None:
+        return
+    for i, m in enumerate(check_array(raw, "modalities")):
+        p = path("modalities", i)
+        if m == "audio":
+            raise Refusal(
+                f"Unsupported value: '{p}' of 'audio' is not supported by ignis (text only).",
+                param=p,
+                code="unsupported_value",
+            )
+        check_enum(m, p, ("text",))
+
+
+def _check_logit_bias(raw: Any) -> None:
+    if raw is None:
+        return
+    if check_object(raw, "logit_bias"):
+        # Refused rather than ignored: a caller who biases tokens expects it to happen.
+        raise Refusal(
+            "Unsupported value: 'logit_bias' is not supported by ignis; send null or {}.",
+            param="logit_bias",
+            code="unsupported_value",
+        )
+
+
+def _decode_metadata(raw: Any) -> Mapping[str, str] | None:
+    if raw is None:
+        return None
+    obj = check_object(raw, "metadata")
+    for key, value in obj.items():
+        check_str(value, path("metadata", key))
+    return dict(obj)
+
+
+def _opt_str(obj: Mapping[str, Any], key: str, prefix: str = "") -> str | None:
+    value = obj.get(key)
+    return None if value is None else check_str(value, path(prefix, key))
+
+
+def _empty_array(p: str) -> Refusal:
+    return Refusal(
+        f"Invalid '{p}': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+        param=p,
+        code="empty_array",
+    )
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a decimal"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__

@@ -1,0 +1,160 @@
+"""The internal conversation: what both endpoints decode into and the template renders.
+
+A chat-completions ``messages`` array and a Responses ``input`` item list both
+become ONE list of `ChatMessage` (plus the `FunctionTool` list and a `ToolChoice`).
+The server renders that list with the model's chat template and tokenizes it once,
+so the same conversation gives the same token ids whichever endpoint it came
+through, and the prefix cache hits across endpoints.
+
+Normalisation rules (both decoders must follow them):
+
+- ``role`` is one of `ROLES`. ``developer`` stays ``developer`` here; a renderer
+  whose template has no developer role maps it to ``system`` (one place, not two).
+- ``content`` is always a ``str`` (``""`` when the wire had null or no content,
+  e.g. an assistant turn that only called tools). A list of text parts is joined
+  with `join_text` (`TEXT_PART_SEPARATOR`, i.e. concatenated in order, as the
+  HF templates that iterate over parts do). Client text is never parsed into
+  special tokens: it stays text.
+- ``reasoning`` is the thinking text of an assistant turn (chat:
+  ``reasoning_content``; Responses: a ``reasoning`` item's summary/content text),
+  or None when there was none. The renderer decides whether the template shows it.
+- ``tool_calls`` are the function calls an assistant turn made, in order; one
+  assistant turn holds all calls made between two non-assistant messages.
+  ``ToolCall.arguments`` is the JSON text exactly as sent (not re-serialised, so
+  the tokens match what the model produced); `ToolCall.arguments_object` parses it
+  for templates that want an object.
+- ``tool_call_id`` (role ``tool`` only) is the id of the call it answers
+  (chat: ``tool_call_id``; Responses: ``function_call_output.call_id``).
+- ``name``: for role ``tool``, the name of the function whose result this is,
+  resolved from the answered call (templates such as Llama's and Gemma's want it);
+  for the other roles, the optional participant name a chat client sent (Responses
+  has none).
+
+Pure stdlib: no ignis, sanic, torch or asyncio.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Mapping
+
+__all__ = [
+    "Role",
+    "ROLES",
+    "TEXT_PART_SEPARATOR",
+    "join_text",
+    "ToolCall",
+    "ChatMessage",
+    "FunctionTool",
+    "ToolChoice",
+    "to_template_messages",
+    "to_template_tools",
+]
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
+
+# Text parts of one message are concatenated in order, with nothing in between.
+TEXT_PART_SEPARATOR = ""
+
+
+def join_text(parts: Iterable[str]) -> str:
+    """The content string of a message given as several text parts."""
+    return TEXT_PART_SEPARATOR.join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call made by the assistant."""
+
+    id: str  # the call id the tool result refers to (chat tool_calls[].id / Responses call_id)
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+    def arguments_object(self) -> Any:
+        """The arguments parsed as JSON, or the raw string when they are not valid JSON."""
+        try:
+            return json.loads(self.arguments)
+        except (ValueError, RecursionError):
+            return self.arguments
+
+    def to_template(self, *, arguments_as_object: bool = False) -> dict[str, Any]:
+        """OpenAI/HF shape: ``{"id", "type": "function", "function": {"name", "arguments"}}``."""
+        args = self.arguments_object() if arguments_as_object else self.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One turn of the internal conversation (see the module notes for each field)."""
+
+    role: Role
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_template(self, *, arguments_as_object: bool = False) -> dict[str, Any]:
+        """The dict a HF chat template expects for this message.
+
+        Always ``role`` and ``content``; ``reasoning_content`` when there is reasoning,
+        ``tool_calls`` when there are calls, ``tool_call_id`` and ``name`` when set.
+        `arguments_as_object`: parse call arguments to objects (Llama 3.x templates
+        apply ``tojson`` to them; Qwen's accept either).
+        """
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_template(arguments_as_object=arguments_as_object) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    """A function the model may call (chat ``tools[i].function``; Responses ``tools[i]``)."""
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] | None = None  # a JSON schema (an object), as sent
+    strict: bool | None = None  # accepted; ignis does not constrain decoding to the schema
+
+    def to_template(self) -> dict[str, Any]:
+        """HF/OpenAI shape: ``{"type": "function", "function": {"name", "description"?, "parameters"}}``.
+
+        ``parameters`` defaults to an empty object schema, as OpenAI treats a missing one.
+        """
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            fn["description"] = self.description
+        fn["parameters"] = dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """Whether and which tool the model must call.
+
+    ``mode``: ``none`` (never call), ``auto`` (model decides), ``required`` (call at
+    least one). A named function (chat ``{"type": "function", "function": {"name"}}``,
+    Responses ``{"type": "function", "name"}``) is ``mode="required", name=...``.
+    """
+
+    mode: Literal["none", "auto", "required"] = "auto"
+    name: str | None = None
+
+
+def to_template_messages(messages: Iterable[ChatMessage], *, arguments_as_object: bool = False) -> list[dict[str, Any]]:
+    """The whole conversation as HF chat-template dicts."""
+    return [m.to_template(arguments_as_object=arguments_as_object) for m in messages]
+
+
+def to_template_tools(tools: Iterable[FunctionTool]) -> list[dict[str, Any]]:
+    """The tool list as HF chat-template dicts (empty list when there are none)."""
+    return [t.to_template() for t in tools]

@@ -1,0 +1,38 @@
+"""Object ids, prefixed as OpenAI prefixes them, with random hex from `secrets`.
+
+``resp_`` responses, ``msg_`` messages, ``rs_`` reasoning items, ``fc_`` function-call
+items, ``call_`` function-call ids (what a tool result points back to).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+__all__ = ["new_id", "response_id", "message_id", "reasoning_id", "function_call_id", "call_id"]
+
+_HEX_BYTES = 24  # 48 hex digits, as long as OpenAI's
+
+
+def new_id(prefix: str) -> str:
+    """``prefix`` + ``_`` + 48 random hex digits."""
+    return f"{prefix}_{secrets.token_hex(_HEX_BYTES)}"
+
+
+def response_id() -> str:
+    return new_id("resp")
+
+
+def message_id() -> str:
+    return new_id("msg")
+
+
+def reasoning_id() -> str:
+    return new_id("rs")
+
+
+def function_call_id() -> str:
+    return new_id("fc")
+
+
+def call_id() -> str:
+    return new_id("call")

@@ -1,0 +1,209 @@
+"""Responses API conversation items, as frozen dataclasses, and their encoders.
+
+One dataclass per item type ignis understands; `to_dict()` gives the wire form
+(the form a client sends back and the form inside a response's ``output``). The
+decoder (`protocol.decode.decode_item`) is the inverse: for every item,
+``decode_item(item.to_dict()) == item``.
+
+Sequences are tuples (items are immutable); optional fields that are None are left
+out of the wire form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+__all__ = [
+    "InputText",
+    "OutputText",
+    "SummaryText",
+    "ReasoningText",
+    "ContentPart",
+    "Message",
+    "FunctionCall",
+    "FunctionCallOutput",
+    "Reasoning",
+    "Item",
+    "ROLES",
+    "ITEM_STATUSES",
+    "item_to_dict",
+]
+
+ROLES = ("user", "system", "developer", "assistant")
+ITEM_STATUSES = ("in_progress", "completed", "incomplete")
+Role = Literal["user", "system", "developer", "assistant"]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+@dataclass(frozen=True, slots=True)
+class InputText:
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "input_text", "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputText:
+    """Assistant text. `annotations` and `logprobs` are kept verbatim (JSON objects)."""
+
+    text: str
+    annotations: tuple[Any, ...] = ()
+    logprobs: tuple[Any, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": "output_text", "text": self.text, "annotations": list(self.annotations)}
+        if self.logprobs is not None:
+            d["logprobs"] = list(self.logprobs)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryText:
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "summary_text", "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningText:
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "reasoning_text", "text": self.text}
+
+
+ContentPart = Union[InputText, OutputText]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message; `content` is a plain string or a tuple of text parts.
+
+    Any role may carry either text part type: both are plain text to the model.
+    `phase` (assistant messages: "commentary" | "final_answer") is kept verbatim.
+    """
+
+    role: Role
+    content: str | tuple[ContentPart, ...]
+    id: str | None = None
+    status: ItemStatus | None = None
+    phase: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The content as one string (parts concatenated)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": "message", "role": self.role}
+        d["content"] = self.content if isinstance(self.content, str) else [p.to_dict() for p in self.content]
+        if self.id is not None:
+            d["id"] = self.id
+        if self.status is not None:
+            d["status"] = self.status
+        if self.phase is not None:
+            d["phase"] = self.phase
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """A tool call the model made; `arguments` is the JSON text exactly as generated."""
+
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "type": "function_call",
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments,
+        }
+        if self.id is not None:
+            d["id"] = self.id
+        if self.status is not None:
+            d["status"] = self.status
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallOutput:
+    """A tool result; `output` is a string or a tuple of `InputText` parts; `name`
+    (optional on the wire) is the called function's name."""
+
+    call_id: str
+    output: str | tuple[InputText, ...]
+    id: str | None = None
+    status: ItemStatus | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(p.text for p in self.output)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": "function_call_output", "call_id": self.call_id}
+        d["output"] = self.output if isinstance(self.output, str) else [p.to_dict() for p in self.output]
+        if self.id is not None:
+            d["id"] = self.id
+        if self.status is not None:
+            d["status"] = self.status
+        if self.name is not None:
+            d["name"] = self.name
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """A reasoning item.
+
+    `content` is None when the client sent ``content: null`` (Codex does, keeping
+    only `encrypted_content`). `recovered_text` is not on the wire: the decoder
+    fills it from an `encrypted_content` that ignis can read
+    (`protocol.encrypted.open_reasoning`). `text` is what the model should see
+    again: the `content` text when given, else the recovered text, else None.
+    """
+
+    id: str
+    summary: tuple[SummaryText, ...] = ()
+    content: tuple[ReasoningText, ...] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus | None = None
+    recovered_text: str | None = None
+
+    @property
+    def text(self) -> str | None:
+        if self.content:
+            return "".join(p.text for p in self.content)
+        return self.recovered_text
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "type": "reasoning",
+            "id": self.id,
+            "summary": [p.to_dict() for p in self.summary],
+            "content": None if self.content is None else [p.to_dict() for p in self.content],
+        }
+        if self.encrypted_content is not None:
+            d["encrypted_content"] = self.encrypted_content
+        if self.status is not None:
+            d["status"] = self.status
+        return d
+
+
+Item = Union[Message, FunctionCall, FunctionCallOutput, Reasoning]
+
+
+def item_to_dict(item: Item) -> dict[str, Any]:
+    return item.to_dict()

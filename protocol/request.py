@@ -1,0 +1,159 @@
+"""A decoded Responses request (``POST /v1/responses`` body or ``response.create`` frame).
+
+Built only by `protocol.decode.decode_request`; everything in it is already
+checked. The parts the response object echoes back have a `to_wire()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from protocol.items import Item
+from protocol.sampling import SamplingFields
+
+__all__ = [
+    "FunctionTool",
+    "ToolChoice",
+    "ReasoningConfig",
+    "TextConfig",
+    "ResponsesRequest",
+    "INCLUDE_ENCRYPTED_REASONING",
+    "INCLUDE_LOGPROBS",
+]
+
+INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    name: str
+    parameters: Mapping[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """What the model may call.
+
+    `mode`: "auto" (may call), "none" (must not), "required" (must call one).
+    `allowed`: the tool names it may call (None = every tool in `tools`).
+    `kind` remembers the wire form for the echo: "options" (a bare string),
+    "function" (``{"type":"function","name":N}`` = required + allowed (N,)),
+    "allowed_tools" (``{"type":"allowed_tools","mode":...,"tools":[...]}``).
+    """
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    allowed: tuple[str, ...] | None = None
+    kind: Literal["options", "function", "allowed_tools"] = "options"
+
+    def to_wire(self) -> str | dict[str, Any]:
+        if self.kind == "function":
+            return {"type": "function", "name": self.allowed[0]}  # type: ignore[index]
+        if self.kind == "allowed_tools":
+            return {
+                "type": "allowed_tools",
+                "mode": self.mode,
+                "tools": [{"type": "function", "name": n} for n in self.allowed or ()],
+            }
+        return self.mode
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningConfig:
+    effort: str | None = None
+    summary: str | None = None  # "auto" | "concise" | "detailed" | None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"effort": self.effort, "summary": self.summary}
+
+
+@dataclass(frozen=True, slots=True)
+class TextConfig:
+    """Only plain-text output exists in ignis; `verbosity` is carried and echoed."""
+
+    verbosity: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": {"type": "text"}}
+        if self.verbosity is not None:
+            d["verbosity"] = self.verbosity
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesRequest:
+    model: str
+    # A string `input` becomes one user message with string content.
+    input: tuple[Item, ...]
+    instructions: str | None = None
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    sampling: SamplingFields = field(default_factory=SamplingFields)
+    reasoning: ReasoningConfig | None = None
+    text: TextConfig = field(default_factory=TextConfig)
+    stream: bool = False
+    include: tuple[str, ...] = ()
+    include_obfuscation: bool | None = None  # stream_options; accepted, not acted on
+    truncation: Literal["disabled", "auto"] = "disabled"
+    previous_response_id: str | None = None  # only ever set on the socket transport
+    # Accepted and changing nothing; echoed where OpenAI echoes them.
+    store: bool | None = None
+    metadata: Mapping[str, str] | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_retention: str | None = None
+    client_metadata: Mapping[str, Any] | None = None
+
+    # Convenience views.
+    @property
+    def temperature(self) -> float | None:
+        return self.sampling.temperature
+
+    @property
+    def top_p(self) -> float | None:
+        return self.sampling.top_p
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        return self.sampling.max_output_tokens
+
+    @property
+    def top_logprobs(self) -> int | None:
+        return self.sampling.top_logprobs
+
+    @property
+    def include_encrypted_reasoning(self) -> bool:
+        return INCLUDE_ENCRYPTED_REASONING in self.include
+
+    @property
+    def include_logprobs(self) -> bool:
+        return INCLUDE_LOGPROBS in self.include
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tools)
+
+    @property
+    def callable_tools(self) -> tuple[FunctionTool, ...]:
+        """The tools the model may call under `tool_choice` (none when mode is "none")."""
+        if self.tool_choice.mode == "none":
+            return ()
+        allowed = self.tool_choice.allowed
+        if allowed is None:
+            return self.tools
+        return tuple(t for t in self.tools if t.name in allowed)

@@ -1,0 +1,134 @@
+"""The response object: its skeleton (echoing the request), usage, and status.
+
+`new_response(request, ...)` builds the dict that `response.created` carries and
+that `protocol.stream.ResponseStream` then fills in (output items, usage, status,
+error, incomplete_details). A non-streaming request returns the stream's final
+state, so both paths share this one builder.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.request import ResponsesRequest
+
+__all__ = ["Usage", "new_response", "echo_fields", "RESPONSE_ERROR_CODES"]
+
+# `Response.error.code` is a closed set in the SDK; anything else is sent as server_error.
+RESPONSE_ERROR_CODES = frozenset(
+    {
+        "server_error",
+        "rate_limit_exceeded",
+        "invalid_prompt",
+        "data_residency_mismatch",
+        "bio_policy",
+        "misalignment_policy_violation",
+        "vector_store_timeout",
+        "invalid_image",
+        "invalid_image_format",
+        "invalid_base64_image",
+        "invalid_image_url",
+        "image_too_large",
+        "image_too_small",
+        "image_parse_error",
+        "image_content_policy_violation",
+        "invalid_image_mode",
+        "image_file_too_large",
+        "unsupported_image_media_type",
+        "empty_image_file",
+        "failed_to_download_image",
+        "image_file_not_found",
+    }
+)
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts of one response.
+
+    `output_tokens` counts every generated token that was kept (reasoning included);
+    `reasoning_tokens` is the reasoning part of it. `rewound_tokens` (ignis
+    extension) counts tokens generated and then dropped, e.g. the tail matched by
+    a stop sequence; they are not in `output_tokens`. `cached_tokens`: prompt
+    tokens served from the prefix cache; `cache_write_tokens`: prompt tokens
+    newly written to it (the SDK requires the field).
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    rewound_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": self.cache_write_tokens,
+            },
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {
+                "reasoning_tokens": self.reasoning_tokens,
+                "rewound_tokens": self.rewound_tokens,
+            },
+            "total_tokens": self.total_tokens,
+        }
+
+
+def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
+    """The request parameters a response echoes, as OpenAI echoes them."""
+    return {
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": None,
+        "model": request.model,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "previous_response_id": request.previous_response_id,
+        "prompt_cache_key": request.prompt_cache_key,
+        "prompt_cache_retention": request.prompt_cache_retention,
+        "reasoning": (request.reasoning.to_wire() if request.reasoning else {"effort": None, "summary": None}),
+        "safety_identifier": request.safety_identifier,
+        "service_tier": request.service_tier or "default",
+        "store": request.store if request.store is not None else False,
+        "temperature": request.temperature,
+        "text": request.text.to_wire(),
+        "tool_choice": request.tool_choice.to_wire(),
+        "tools": [t.to_wire() for t in request.tools],
+        "top_logprobs": request.top_logprobs if request.top_logprobs is not None else 0,
+        "top_p": request.top_p,
+        "truncation": request.truncation,
+        "user": request.user,
+        "metadata": dict(request.metadata) if request.metadata else {},
+    }
+
+
+def new_response(
+    request: ResponsesRequest,
+    *,
+    response_id: str,
+    created_at: int | None = None,
+    status: str = "in_progress",
+) -> dict[str, Any]:
+    """A fresh response dict (no output yet, usage None)."""
+    resp: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()) if created_at is None else created_at,
+        "status": status,
+        "background": False,
+        "completed_at": None,
+        "error": None,
+        "incomplete_details": None,
+        "output": [],
+        "usage": None,
+    }
+    resp.update(echo_fields(request))
+    return resp

@@ -1,0 +1,114 @@
+"""Responses request -> the internal conversation (`protocol.conversation`).
+
+`to_conversation(request)` gives the same `ChatMessage` list a chat-completions
+request with the same turns gives, so both endpoints render the same tokens.
+
+Rules (beyond those in `protocol.conversation`):
+
+- ``instructions`` become a first ``system`` message.
+- ``message`` items keep their role; text parts are joined (`join_text`).
+- A ``reasoning`` item's text (its ``content``, else the text recovered from
+  ``encrypted_content``, else its summary text) becomes the ``reasoning`` of the
+  next assistant turn; several are concatenated. Reasoning after the last
+  assistant turn with nothing following is attached to that turn, or dropped
+  when there is none.
+- ``function_call`` items join the assistant turn right before them (the
+  message or calls of the same turn), else open a new assistant turn with
+  empty content.
+- ``function_call_output`` becomes a ``tool`` message whose ``name`` is the name
+  of the call it answers (else the output item's own ``name``, else None: the
+  call may lie behind ``previous_response_id``).
+- Tools: every function tool. ``tool_choice``: "none" / "auto" / "required"
+  map as is; ``{"type": "function", "name"}`` is required + that name; with
+  ``allowed_tools`` the tool list is cut to the allowed tools (the template
+  cannot express the restriction otherwise) and the mode kept.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice, join_text
+from protocol.items import FunctionCall, FunctionCallOutput, Message, Reasoning
+from protocol.request import ResponsesRequest
+
+__all__ = ["Conversation", "to_conversation", "reasoning_text"]
+
+
+class Conversation(NamedTuple):
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[FunctionTool, ...]
+    tool_choice: ToolChoice
+
+
+def reasoning_text(item: Reasoning) -> str | None:
+    """What the model should see again of a reasoning item (None: nothing)."""
+    text = item.text
+    if text is None and item.summary:
+        text = join_text(p.text for p in item.summary)
+    return text or None
+
+
+def _join_reasoning(a: str | None, b: str | None) -> str | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def to_conversation(request: ResponsesRequest) -> Conversation:
+    out: list[ChatMessage] = []
+    if request.instructions is not None:
+        out.append(ChatMessage("system", request.instructions))
+    pending: str | None = None
+    names: dict[str, str] = {}
+    last_is_turn = False  # out[-1] is an assistant turn that calls may still join
+    for item in request.input:
+        if isinstance(item, Message):
+            content = item.content if isinstance(item.content, str) else join_text(p.text for p in item.content)
+            if item.role == "assistant":
+                out.append(ChatMessage("assistant", content, reasoning=pending))
+                pending = None
+                last_is_turn = True
+            else:
+                out.append(ChatMessage(item.role, content))
+                last_is_turn = False
+        elif isinstance(item, Reasoning):
+            pending = _join_reasoning(pending, reasoning_text(item))
+        elif isinstance(item, FunctionCall):
+            names[item.call_id] = item.name
+            call = ToolCall(item.call_id, item.name, item.arguments)
+            if last_is_turn:
+                prev = out[-1]
+                out[-1] = ChatMessage(
+                    "assistant",
+                    prev.content,
+                    reasoning=_join_reasoning(prev.reasoning, pending),
+                    tool_calls=prev.tool_calls + (call,),
+                )
+            else:
+                out.append(ChatMessage("assistant", "", reasoning=pending, tool_calls=(call,)))
+                last_is_turn = True
+            pending = None
+        elif isinstance(item, FunctionCallOutput):
+            out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id, name=names.get(item.call_id, item.name)))
+            last_is_turn = False
+    if pending is not None and last_is_turn:
+        prev = out[-1]
+        out[-1] = ChatMessage(
+            "assistant", prev.content, reasoning=_join_reasoning(prev.reasoning, pending), tool_calls=prev.tool_calls
+        )
+
+    tc = request.tool_choice
+    tools = request.tools
+    if tc.kind == "allowed_tools":
+        allowed = set(tc.allowed or ())
+        tools = tuple(t for t in tools if t.name in allowed)
+        choice = ToolChoice(tc.mode)
+    elif tc.kind == "function":
+        choice = ToolChoice("required", tc.allowed[0] if tc.allowed else None)
+    else:
+        choice = ToolChoice(tc.mode)
+    conv_tools = tuple(FunctionTool(t.name, t.description, t.parameters, t.strict) for t in tools)
+    return Conversation(tuple(out), conv_tools, choice)

@@ -1,0 +1,163 @@
+"""Client frames of the Responses WebSocket mode, and the socket ``error`` event.
+
+`decode_frame(text)` turns one text frame into exactly one of:
+
+- `CreateEvent`: ``response.create`` -- the request body's fields flat beside
+  ``type``, plus ``stream_id`` (optional lane id, 1-256 chars of ``[A-Za-z0-9_.-]``),
+  ``generate`` (false = prewarm: load the prefix, generate nothing) and ``stream``
+  (accepted, ignored: the socket always streams). ``previous_response_id`` is
+  carried (the session resolves it or answers ``previous_response_not_found``).
+- `CancelEvent`: ``response.cancel`` with optional ``response_id`` / ``stream_id``.
+- `SocketError`: anything else (malformed JSON, unknown type, a refused request,
+  ``response.steer`` -> code ``steering_not_supported``). Its `to_dict()` is the
+  frame to send: ``{"type":"error","status":400,"error":{message,type,param,code}}``
+  plus ``stream_id`` when the frame had a valid one.
+
+`decode_frame` never raises for bad client input.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Union
+
+from protocol.checks import check_bool, check_str, path
+from protocol.decode import decode_json, decode_request
+from protocol.errors import Refusal
+from protocol.request import ResponsesRequest
+
+__all__ = [
+    "CreateEvent",
+    "CancelEvent",
+    "SocketError",
+    "ClientEvent",
+    "decode_frame",
+    "error_event",
+    "STREAM_ID_PATTERN",
+]
+
+STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
+_SOCKET_ONLY = frozenset({"type", "stream_id", "generate", "stream"})
+_CLIENT_TYPES = ("response.create", "response.cancel")
+
+
+@dataclass(frozen=True, slots=True)
+class CreateEvent:
+    request: ResponsesRequest
+    generate: bool = True
+    stream_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelEvent:
+    response_id: str | None = None
+    stream_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SocketError:
+    refusal: Refusal
+    stream_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return error_event(self.refusal, self.stream_id)
+
+
+ClientEvent = Union[CreateEvent, CancelEvent, SocketError]
+
+
+def error_event(
+    refusal: Refusal, stream_id: str | None = None, sequence_number: int | None = None
+) -> dict[str, Any]:
+    """The socket ``error`` frame for a refusal (the SDK's `ResponseWsError`)."""
+    ev: dict[str, Any] = {"type": "error", "status": refusal.status, "error": refusal.error()}
+    if sequence_number is not None:
+        ev["sequence_number"] = sequence_number
+    if stream_id is not None:
+        ev["stream_id"] = stream_id
+    return ev
+
+
+def _stream_id(frame: dict[str, Any]) -> str | None:
+    sid = frame.get("stream_id")
+    if sid is None:
+        return None
+    check_str(sid, "stream_id")
+    if not STREAM_ID_PATTERN.fullmatch(sid):
+        raise Refusal(
+            "Invalid 'stream_id': expected 1 to 256 characters of letters, digits, '_', '.' or '-'.",
+            param="stream_id",
+            code="invalid_value",
+        )
+    return sid
+
+
+def decode_frame(
+    data: str | bytes,
+    *,
+    reasoning_key: bytes | None = None,
+    strict_encrypted: bool = False,
+    default_model: str | None = None,
+) -> ClientEvent:
+    """One client text frame -> `CreateEvent` | `CancelEvent` | `SocketError`."""
+    try:
+        frame = decode_json(data)
+    except Refusal as r:
+        return SocketError(r)
+    try:
+        sid = _stream_id(frame)
+    except Refusal as r:
+        return SocketError(r)
+    try:
+        return _decode(frame, sid, reasoning_key, strict_encrypted, default_model)
+    except Refusal as r:
+        return SocketError(r, sid)
+
+
+def _decode(
+    frame: dict[str, Any],
+    sid: str | None,
+    reasoning_key: bytes | None,
+    strict_encrypted: bool,
+    default_model: str | None,
+) -> ClientEvent:
+    t = frame.get("type")
+    if t is None:
+        raise Refusal("Missing required parameter: 'type'.", param="type", code="missing_required_parameter")
+    check_str(t, "type")
+    if t == "response.create":
+        generate = frame.get("generate")
+        generate = True if generate is None else check_bool(generate, "generate")
+        if frame.get("stream") is not None:
+            check_bool(frame["stream"], "stream")
+        body = {k: v for k, v in frame.items() if k not in _SOCKET_ONLY}
+        body["stream"] = True  # the socket always streams
+        request = decode_request(
+            body,
+            transport="socket",
+            reasoning_key=reasoning_key,
+            strict_encrypted=strict_encrypted,
+            default_model=default_model,
+        )
+        return CreateEvent(request, generate, sid)
+    if t == "response.cancel":
+        for key in frame:
+            if key not in ("type", "response_id", "stream_id"):
+                p = path("", key)
+                raise Refusal(f"Unknown parameter: '{p}'.", param=p, code="unknown_parameter")
+        rid = frame.get("response_id")
+        if rid is not None:
+            check_str(rid, "response_id")
+        return CancelEvent(rid, sid)
+    if t == "response.steer":
+        raise Refusal(
+            "Steering ('response.steer') is not supported by ignis.",
+            param="type",
+            code="steering_not_supported",
+        )
+    raise Refusal(
+        f"Invalid value: '{t}'. Supported values are: {', '.join(repr(x) for x in _CLIENT_TYPES)}.",
+        param=path("", "type"),
+        code="invalid_value",
+    )
