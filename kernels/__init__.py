@@ -5,19 +5,22 @@ nothing of ignis. Public ops:
 
   write_kv(key, value, k_cache, v_cache, slot_mapping, backend=None)
   paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-                  scale=None, sliding_window=None, out=None, backend=None)
+                  scale=None, sliding_window=None, out=None, backend=None,
+                  *, max_query_len=None, max_seq_len=None, num_splits=None)
   sample(...)  -- see kernels.sampling
 
 backend: None (the process default, see set_backend), "auto", "triton" or "torch".
 """
 
+from kernels.attention import paged_attention
 from kernels.attention_ref import paged_attention_ref
 from kernels.backend import Backend, get_backend, set_backend
+from kernels.kv_cache import write_kv
 from kernels.kv_cache_ref import write_kv_ref
 
-# TODO(kernels issue): dispatch to the Triton kernels; until then the reference runs.
-write_kv = write_kv_ref
-paged_attention = paged_attention_ref
+# --- sampling (the lead adds the export here) -------------------------------------
+# from kernels.sampling import sample
+# -----------------------------------------------------------------------------------
 
 __all__ = [
     "Backend",
@@ -27,4 +30,5 @@ __all__ = [
     "set_backend",
     "write_kv",
     "write_kv_ref",
+    # "sample",
 ]

@@ -1,0 +1,189 @@
+"""Paged attention: plans and launches the Triton kernel, and the public dispatching op.
+
+One launch serves any batch (prefill over a cached prefix, decode, or both mixed): the
+grid is sized from num_tokens and num_seqs, so no host sync is needed when the caller
+passes `max_query_len` (and `max_seq_len`, for the split-KV decision). A batch whose
+sequences all have at most one new token uses the decode tiling (one tile per sequence,
+no tile search); split-KV adds a second, small launch that merges the partials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kernels.attention_kernel import paged_attention_kernel
+from kernels.attention_ref import paged_attention_ref
+from kernels.attention_split import PROGRAMS_PER_SM, choose_num_splits, combine_splits_kernel, sm_count
+from kernels.backend import Backend, interpreting, use_triton
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int  # query rows per program: tokens x padded group heads
+    block_n: int  # keys per loop iteration (block_n / block_size cache blocks)
+    num_warps: int
+    num_stages: int
+
+
+def tile_config(head_dim_pad: int, group_pad: int, max_query_len: int, dtype: torch.dtype) -> TileConfig:
+    """Tile shapes by regime. Untuned guesses aimed at Hopper, sized from the bytes of one
+    K/V row so tiles and pipeline stages fit shared memory (checked offline by
+    tests/kernels/sm90_compile.py). tl.dot needs >= 16 along every side."""
+    row_bytes = head_dim_pad * dtype.itemsize
+    block_n = 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16
+    num_stages = 3 if row_bytes <= 256 else 2
+    if max_query_len <= 1:
+        # Decode is bandwidth bound: a small query tile, a pipelined K/V stream.
+        return TileConfig(max(16, group_pad), block_n, num_warps=4, num_stages=num_stages)
+    max_rows = 128 if row_bytes <= 256 else 64 if row_bytes <= 512 else 32
+    rows = triton.next_power_of_2(max_query_len) * group_pad
+    block_m = max(16, group_pad, min(rows, max_rows))
+    num_warps = 8 if block_m * row_bytes >= 128 * 256 else 4
+    return TileConfig(block_m, block_n, num_warps=num_warps, num_stages=num_stages)
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """Triton paged attention with the contract of `paged_attention_ref`.
+
+    max_query_len / max_seq_len: upper bounds of the batch's new tokens per sequence and
+    of seq_lens; computed with a host sync when absent (max_seq_len only if the split
+    heuristic needs it). num_splits: None picks by heuristic, 1 disables split-KV, n > 1
+    forces n splits. config overrides the tile shapes (tests use it to reach edge cases).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} kv heads")
+    if k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim:
+        raise ValueError(f"caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    if out is None:
+        out = torch.empty_like(q)
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    query_start_loc = query_start_loc.contiguous()
+    seq_lens = seq_lens.contiguous()
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())  # host sync
+    group = num_q_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    cfg = config or tile_config(head_dim_pad, group_pad, max_query_len, q.dtype)
+    decode = max_query_len <= 1
+    block_q = cfg.block_m // group_pad
+    if block_q < 1:
+        raise ValueError(f"block_m {cfg.block_m} is smaller than the padded group {group_pad}")
+    num_tiles = num_seqs if decode else num_tokens // block_q + num_seqs
+
+    if num_splits is None:
+        num_splits = 1
+        num_programs = num_tiles * num_kv_heads
+        # Decode batches only (a prefill split would need partials for every token); the
+        # occupancy test is cheap and comes before the sync that max_seq_len may need.
+        if decode and num_programs < PROGRAMS_PER_SM * sm_count(q.device):
+            if max_seq_len is None:
+                max_seq_len = int(seq_lens.max())  # host sync
+            num_splits = choose_num_splits(num_programs, max_seq_len, sm_count(q.device))
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+
+    if num_splits > 1:
+        part_m = torch.empty(num_tokens, num_q_heads, num_splits, device=q.device, dtype=torch.float32)
+        part_l = torch.empty_like(part_m)
+        part_acc = torch.empty(num_tokens, num_q_heads, num_splits, head_dim_pad, device=q.device, dtype=torch.float32)
+    else:
+        part_m = part_l = part_acc = out  # unused placeholders
+
+    scale = head_dim**-0.5 if scale is None else scale
+    paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out,
+        block_tables, query_start_loc, seq_lens,
+        part_m, part_l, part_acc,
+        scale * _LOG2E,
+        sliding_window or 0,
+        num_seqs, num_q_heads, group, head_dim,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        *block_tables.stride(),
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim_pad,
+        PAD_D=head_dim_pad != head_dim,
+        GROUP_PAD=group_pad,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        DECODE=decode,
+        NUM_SPLITS=num_splits,
+        USE_WINDOW=sliding_window is not None,
+        UPCAST=interpreting(),
+        FP32_DOT=q.dtype == torch.float32,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if num_splits > 1:
+        combine_splits_kernel[(num_tokens, num_q_heads)](
+            part_m, part_l, part_acc, out, query_start_loc,
+            num_seqs, num_q_heads, head_dim,
+            *out.stride(),
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim_pad,
+            num_warps=4 if head_dim_pad >= 128 else 2,
+        )
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    backend: Backend | None = None,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of q over the paged caches (see paged_attention_ref for the layout).
+
+    The keyword-only hints are used by the Triton path only: pass max_query_len and
+    max_seq_len as Python ints to avoid host syncs; num_splits forces (n > 1) or
+    disables (1) split-KV, None lets a heuristic decide.
+    """
+    if use_triton(q, backend):
+        return paged_attention_triton(
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window, out,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, num_splits=num_splits,
+        )
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window, out)
+
+
+__all__ = ["TileConfig", "paged_attention", "paged_attention_triton", "tile_config"]

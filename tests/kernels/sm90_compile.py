@@ -1,0 +1,135 @@
+"""Compile every Triton kernel configuration the launchers can pick, for sm_90, without a GPU.
+
+The interpreter runs kernels as Python, so it cannot catch what only the compiler sees
+(type-unstable loop variables, unsupported constructs, shared-memory overflow, spills).
+Triton compiles ahead of time for an explicit target with the ptxas it bundles, so this
+runs on a CPU machine. Run as a script (TRITON_INTERPRET must be unset; --quick for the
+common configurations only): prints one JSON line per configuration with its shared
+memory, registers and spills. tests/kernels/test_sm90_compile.py drives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.attention import tile_config
+from kernels.attention_kernel import paged_attention_kernel
+from kernels.attention_split import combine_splits_kernel
+from kernels.kv_cache import _write_kv_kernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+_TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _compile(fn, ptr_types: dict[str, str], float_args: set[str], const: dict, num_warps: int, num_stages: int):
+    names = fn.arg_names
+    # What the runtime specialises: stride 1 is a constant, pointers and the other
+    # strides of real caches are multiples of 16 (elements or bytes).
+    sig, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in const:
+            sig[n] = "constexpr"
+        elif n in ptr_types:
+            sig[n] = ptr_types[n]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in float_args:
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if n.startswith("stride_") and n not in ("stride_bts",):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(
+        ASTSource(fn, sig, const, attrs), target=TARGET, options=dict(num_warps=num_warps, num_stages=num_stages)
+    )
+    return kernel
+
+
+def _ptxas_stats(ptx: str) -> dict:
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ignis_sm90_{os.getpid()}.ptx"
+    path.write_text(ptx)
+    res = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(path), "-o", os.devnull], capture_output=True, text=True)
+    path.unlink()
+    info = res.stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spills = re.search(r"(\d+) bytes spill stores", info)
+    return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spills.group(1)) if spills else None}
+
+
+def attention_configs(quick: bool = False):
+    if quick:  # what SmolLM2-class models and the GPU check run: a few seconds to compile
+        for dtype in (torch.bfloat16, torch.float32):
+            for head_dim in (64, 128):
+                for max_q, splits, window in ((1, 1, False), (1, 4, False), (4096, 1, head_dim == 64)):
+                    yield dtype, head_dim, head_dim, 4, max_q, splits, window, tile_config(head_dim, 4, max_q, dtype)
+        return
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for head_dim in (64, 128, 256, 80):
+            head_dim_pad = triton.next_power_of_2(head_dim)
+            for group in (1, 3, 4, 8):
+                group_pad = triton.next_power_of_2(group)
+                for max_q in (1, 8, 4096):
+                    for splits in ((1, 4) if max_q == 1 else (1,)):
+                        for window in (False, True):
+                            if dtype != torch.bfloat16 and (window or head_dim == 80 or group in (3, 8)):
+                                continue  # keep the sweep short: the rest is dtype independent
+                            yield dtype, head_dim, head_dim_pad, group_pad, max_q, splits, window, tile_config(
+                                head_dim_pad, group_pad, max_q, dtype
+                            )
+
+
+def compile_all(quick: bool = False) -> list[dict]:
+    rows = []
+    for dtype, head_dim, head_dim_pad, group_pad, max_q, splits, window, cfg in attention_configs(quick):
+        ty = _TY[dtype]
+        ptrs = {n: f"*{ty}" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
+        ptrs |= {n: "*i32" for n in ("block_tables_ptr", "qsl_ptr", "seq_lens_ptr")}
+        ptrs |= {n: "*fp32" for n in ("part_m_ptr", "part_l_ptr", "part_acc_ptr")}
+        const = dict(
+            BLOCK_SIZE=16, HEAD_DIM=head_dim_pad, PAD_D=head_dim != head_dim_pad, GROUP_PAD=group_pad,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DECODE=max_q <= 1, NUM_SPLITS=splits,
+            USE_WINDOW=window, UPCAST=False, FP32_DOT=dtype == torch.float32,
+            stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
+        )
+        k = _compile(paged_attention_kernel, ptrs, {"qk_scale"}, const, cfg.num_warps, cfg.num_stages)
+        rows.append({
+            "kernel": "paged_attention", "dtype": ty, "head_dim": head_dim, "group_pad": group_pad,
+            "max_query_len": max_q, "splits": splits, "window": window, **cfg.__dict__,
+            "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]),
+        })
+    for dtype in (torch.bfloat16, torch.float32):
+        for head_dim_pad in (128,) if quick else (64, 128):
+            const = dict(NUM_SPLITS=5, SPLITS_PAD=8, HEAD_DIM=head_dim_pad, stride_od=1)
+            ptrs = {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
+                    "out_ptr": f"*{_TY[dtype]}", "qsl_ptr": "*i32"}
+            k = _compile(combine_splits_kernel, ptrs, set(), const, 4, 1)
+            rows.append({"kernel": "combine_splits", "dtype": _TY[dtype], "head_dim": head_dim_pad,
+                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"])})
+    for dtype in (torch.bfloat16, torch.float32):
+        for head_dim, heads in ((64, 3), (128, 8)) if quick else ((64, 3), (128, 8), (80, 2)):
+            block_d = triton.next_power_of_2(head_dim)
+            const = dict(BLOCK_SIZE=16, BLOCK_H=triton.next_power_of_2(heads), BLOCK_D=block_d, PAD_D=block_d != head_dim,
+                         stride_kd=1, stride_vd=1, stride_kcd=1, stride_vcd=1)
+            ty = f"*{_TY[dtype]}"
+            ptrs = {"key_ptr": ty, "value_ptr": ty, "k_cache_ptr": ty, "v_cache_ptr": ty, "slot_ptr": "*i64"}
+            k = _compile(_write_kv_kernel, ptrs, set(), const, 4, 1)
+            rows.append({"kernel": "write_kv", "dtype": _TY[dtype], "head_dim": head_dim, "heads": heads,
+                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"])})
+    return rows
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: this compiles for sm_90")
+    for row in compile_all(quick="--quick" in sys.argv):
+        print(json.dumps(row))
