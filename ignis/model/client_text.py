@@ -1,0 +1,136 @@
+"""Client data on its way into a chat template: made plain, and kept from becoming markup.
+
+`plain_data` copies what a client sent into JSON types only, which is all a template sees.
+
+`Neutralizer` finds, in every string of that data (dict keys too), the strings of added tokens
+(`<|im_start|>`, `<think>`...) and the fragments of them at a string's edges (`<|im_` at the
+end, `start|>` at the start), which a template joining two client strings could fuse into a
+token. It swaps each for a random run of digits, which templates render as ordinary text, and
+hands back the map to put the originals back in the rendered text. Fragments shorter than two
+characters are left alone: in any split of a token into two pieces, one piece has two or more
+characters, so fusing is blocked without touching every text that ends in "<" or starts with ">".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+_PLACEHOLDER_DIGITS = 24
+
+
+def plain_data(value: Any) -> Any:
+    """A copy of `value` made only of dicts, lists and JSON scalars."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):  # subclasses (enums...) may carry methods the sandbox allows
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {plain_data(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(getattr(value, f.name)) for f in fields(value)}
+    if callable(getattr(value, "model_dump", None)):
+        return plain_data(value.model_dump())
+    return f"<{type(value).__name__}>"
+
+
+class Neutralizer:
+    """Swaps markup in client strings for placeholders (see the module docstring)."""
+
+    def __init__(self, control_tokens: Iterable[str]) -> None:
+        tokens = sorted({t for t in control_tokens if t}, key=len, reverse=True)
+        # Longest first, so a token wins over a token it contains.
+        self._pattern = re.compile("|".join(map(re.escape, tokens))) if tokens else None
+        self._heads = {t[:k] for t in tokens for k in range(2, len(t))}  # proper prefixes
+        self._tails = {t[k:] for t in tokens for k in range(1, len(t) - 1)}  # proper suffixes
+        self._longest = len(tokens[0]) if tokens else 0
+
+    def neutralize(self, value: Any, *, avoid: str = "") -> tuple[Any, dict[str, str]]:
+        """(copy of `value` with markup swapped, {placeholder: original}). The map is empty
+        when there was nothing to swap. Placeholders never occur in `avoid` nor in `value`."""
+        value = plain_data(value)
+        risky = {s[a:b] for s in _strings(value) for a, b in self._risky_spans(s)}
+        if not risky:
+            return value, {}
+        avoid += json.dumps(value, ensure_ascii=False)
+        swap: dict[str, str] = {}
+        taken: set[str] = set()
+        for text in sorted(risky):
+            placeholder = _random_digits()
+            while placeholder in avoid or placeholder in taken:
+                placeholder = _random_digits()
+            swap[text] = placeholder
+            taken.add(placeholder)
+        return _map_strings(value, lambda s: self._swap(s, swap)), {p: t for t, p in swap.items()}
+
+    @staticmethod
+    def restore(text: str, originals: Mapping[str, str]) -> str:
+        if not originals:
+            return text
+        return re.sub("|".join(originals), lambda m: originals[m.group(0)], text)
+
+    def _risky_spans(self, s: str) -> list[tuple[int, int]]:
+        if self._pattern is None:
+            return []
+        spans = [m.span() for m in self._pattern.finditer(s)]
+        start, end = len(s) - len(s.lstrip()), len(s.rstrip())
+        limit = min(self._longest - 1, end - start)
+        # Longest fragment at each (whitespace-trimmed) edge, unless a whole token is there.
+        head = next((k for k in range(limit, 1, -1) if s[start : start + k] in self._tails), 0)
+        if head and not any(a < start + head and b > start for a, b in spans):
+            spans.append((start, start + head))
+        tail = next((k for k in range(limit, 1, -1) if s[end - k : end] in self._heads), 0)
+        if tail and not any(a < end and b > end - tail for a, b in spans):
+            spans.append((end - tail, end))
+        return sorted(set(spans))
+
+    def _swap(self, s: str, swap: Mapping[str, str]) -> str:
+        pieces, position = [], 0
+        for a, b in self._risky_spans(s):
+            if a < position:  # a head and tail fragment of a short string may overlap
+                continue
+            pieces += [s[position:a], swap[s[a:b]]]
+            position = b
+        pieces.append(s[position:])
+        return "".join(pieces)
+
+
+def _strings(value: Any) -> Iterable[str]:
+    """Every string in plain data, dict keys included."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+
+
+def _map_strings(value: Any, fn: Any) -> Any:
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {_map_strings(k, fn): _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _random_digits() -> str:
+    # Templates leave digits alone (trim, tojson, escaping); a random run cannot be guessed by a
+    # client or collide with the text.
+    return "".join(secrets.choice("0123456789") for _ in range(_PLACEHOLDER_DIGITS))

@@ -1,0 +1,31 @@
+"""Paged KV-cache allocation: per layer, K and V shaped [num_blocks, block_size, kv_heads, head_dim]."""
+
+from __future__ import annotations
+
+import torch
+
+from ignis.model.config import ModelConfig
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V: what the engine divides free memory by."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
+
+
+def allocate_kv_caches(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> KVCaches:
+    """One allocation for the whole cache, handed out as contiguous per-layer (K, V) views."""
+    storage = torch.zeros(
+        config.num_layers, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim,
+        dtype=dtype, device=device,
+    )
+    return [(storage[layer, 0], storage[layer, 1]) for layer in range(config.num_layers)]

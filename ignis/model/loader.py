@@ -1,0 +1,170 @@
+"""`load_model`: one entry point for the embedded SmolLM2, any GGUF file and HF directories."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from ignis.model.config import ModelConfig
+from ignis.model.transformer import Transformer
+
+if TYPE_CHECKING:
+    from ignis.model.chat_template import ChatTemplate
+    from ignis.model.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["gguf", "hf"]
+EMBEDDED_NAME = "smollm2-135m"
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+@dataclass
+class LoadedModel:
+    model: Transformer
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    eos_token_ids: tuple[int, ...]
+    name: str
+    path: str
+    kind: Kind
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto": bf16 on CUDA, fp32 elsewhere (CPU bf16 matmuls are slow and lossy)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def infer_kind(path: Path) -> Kind:
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
+    if path.is_dir() and (path / "config.json").is_file():
+        return "hf"
+    raise ValueError(f"{path} is neither a .gguf file nor a directory with config.json")
+
+
+def build_model(
+    config: ModelConfig,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> Transformer:
+    """Allocate the model on `device` and copy weights (unfused HF names) into it."""
+    model = Transformer(config, dtype=dtype, device=device)
+    model.load_weights(weights)
+    return model.eval()
+
+
+def _progress(items: Iterator[tuple[str, torch.Tensor]], total: int, enabled: bool, desc: str) -> Iterator[tuple[str, torch.Tensor]]:
+    bar = tqdm(items, total=total, desc=desc, unit="tensor", disable=not enabled, leave=False)
+    yield from bar
+
+
+def load_model(
+    path: str | None = None,
+    *,
+    kind: Kind | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
+    progress: bool = True,
+    name: str | None = None,
+) -> LoadedModel:
+    """Load weights, tokenizer and chat template. path None means the embedded SmolLM2 GGUF;
+    kind is inferred from the path (a .gguf file, or a directory holding config.json).
+    name (what clients call the model) defaults to the file stem or directory name,
+    "smollm2-135m" for the embedded model."""
+    # Imported here so the forward can be used (and tested) without the text side.
+    from ignis.model.chat_template import ChatTemplate
+    from ignis.model.tokenizer import Tokenizer
+
+    if path is None:
+        from ignis.model.embedded import smollm2_gguf_path
+
+        path = str(smollm2_gguf_path())
+        name = name or EMBEDDED_NAME
+    p = Path(path).expanduser()
+    kind = kind or infer_kind(p)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    start = time.perf_counter()
+    log.info("loading %s model from %s (%s on %s)", kind, p, dt, dev)
+
+    tokenizer: Any
+    template: Any
+    if kind == "gguf":
+        import gguf
+
+        from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
+
+        reader = gguf.GGUFReader(p)
+        config = config_from_gguf(reader)
+        weights = _progress(iter_gguf_weights(reader, config), len(reader.tensors), progress, "dequantizing")
+        model = build_model(config, weights, dtype=dt, device=dev)
+        tokenizer = Tokenizer.from_gguf(reader)
+        template = ChatTemplate.from_gguf(reader)
+        del reader  # drops the memmap; every weight was copied out
+    elif kind == "hf":
+        from ignis.model.hf_loader import hf_tensor_names, iter_hf_weights, read_hf_config
+
+        config = read_hf_config(p)
+        weights = _progress(iter_hf_weights(p), len(hf_tensor_names(p)), progress, "loading weights")
+        model = build_model(config, weights, dtype=dt, device=dev)
+        tokenizer = Tokenizer.from_hf_dir(p)
+        template = ChatTemplate.from_hf_dir(p)
+    else:
+        raise ValueError(f"kind must be 'gguf' or 'hf', got {kind!r}")
+
+    name = name or (p.stem if kind == "gguf" else p.name)
+    # The checkpoint's stop ids first, then any the tokenizer adds (e.g. <|im_end|>, <|endoftext|>).
+    eos = list(config.eos_token_ids)
+    for token_id in sorted(getattr(tokenizer, "eos_token_ids", None) or ()):
+        if token_id not in eos:
+            eos.append(int(token_id))
+    params = sum(t.numel() for t in model.parameters())
+    log.info(
+        "loaded %s: %s, %d layers, %.1fM parameters, in %.1f s",
+        name, config.family, config.num_layers, params / 1e6, time.perf_counter() - start,
+    )
+    return LoadedModel(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        chat_template=template,
+        eos_token_ids=tuple(eos),
+        name=name,
+        path=str(p),
+        kind=kind,
+    )
