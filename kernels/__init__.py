@@ -7,7 +7,8 @@ nothing of ignis. Public ops:
   paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
                   scale=None, sliding_window=None, out=None, backend=None,
                   *, max_query_len=None, max_seq_len=None, num_splits=None)
-  sample(...)  -- see kernels.sampling
+  sample(logits, params: SamplingTensors, return_logprobs=False, inplace_penalties=False,
+         backend=None)  -- see kernels.sampling
 
 backend: None (the process default, see set_backend), "auto", "triton" or "torch".
 """
@@ -17,10 +18,7 @@ from kernels.attention_ref import paged_attention_ref
 from kernels.backend import Backend, get_backend, set_backend
 from kernels.kv_cache import write_kv
 from kernels.kv_cache_ref import write_kv_ref
-
-# --- sampling (the lead adds the export here) -------------------------------------
-# from kernels.sampling import sample
-# -----------------------------------------------------------------------------------
+from kernels.sampling import SamplingTensors, sample, sample_ref
 
 __all__ = [
     "Backend",
@@ -30,5 +28,7 @@ __all__ = [
     "set_backend",
     "write_kv",
     "write_kv_ref",
-    # "sample",
+    "SamplingTensors",
+    "sample",
+    "sample_ref",
 ]
