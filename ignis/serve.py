@@ -1,14 +1,15 @@
-"""`python -m ignis.serve +model=NAME [key=value ...]`: compose the config and run ignis.
+"""`python -m ignis.serve +model=NAME [key=value ...]`: compose the config, load the model,
+start the engine and serve the OpenAI-compatible API (see ignis.server.app).
 
-Until the HTTP server lands (the server issue), this loads the model and answers the
-configured `prompt` once, streaming nothing: a smoke test of the whole model runtime.
+    python -m ignis.serve +model=smollm2-135m server.port=8000 server.api_key=sk-local
+
+One process (Sanic's `single_process=True`): the model and the KV cache live here.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -23,7 +24,10 @@ register()
 
 def run(cfg: IgnisConfig) -> int:
     import kernels
-    from ignis.model import generate, load_model
+    from ignis.engine import AsyncEngine
+    from ignis.model import load_model
+    from ignis.server.app import create_app
+    from ignis.server.websocket_protocol import IgnisWebSocketProtocol
 
     kernels.set_backend(cfg.engine.kernel_backend.value)
     loaded = load_model(
@@ -33,18 +37,17 @@ def run(cfg: IgnisConfig) -> int:
         device=cfg.model.device,
         name=cfg.model.name,
     )
-    log.info("serving is not implemented yet: answering one prompt with %s", loaded.name)
-    start = time.perf_counter()
-    [answer] = generate.chat(
-        loaded,
-        [[{"role": "user", "content": cfg.prompt}]],
-        max_new_tokens=cfg.max_new_tokens,
-        block_size=cfg.engine.block_size,
-    )
-    elapsed = time.perf_counter() - start
-    print(answer.text)
-    log.info(
-        "%d prompt tokens, %d generated in %.2f s", answer.prompt_tokens, answer.output_tokens, elapsed
+    engine = AsyncEngine.from_config(loaded, cfg.engine)
+    app = create_app(cfg, loaded, engine)
+    log.info("serving %s on http://%s:%d (OpenAI base_url http://%s:%d/v1)", loaded.name, cfg.server.host,
+             cfg.server.port, cfg.server.host, cfg.server.port)
+    app.run(
+        host=cfg.server.host,
+        port=cfg.server.port,
+        single_process=True,
+        protocol=IgnisWebSocketProtocol,
+        access_log=False,
+        motd=False,
     )
     return 0
 

@@ -16,7 +16,12 @@ import triton
 
 from kernels.attention_kernel import paged_attention_kernel
 from kernels.attention_ref import paged_attention_ref
-from kernels.attention_split import PROGRAMS_PER_SM, choose_num_splits, combine_splits_kernel, sm_count
+from kernels.attention_split import (
+    PROGRAMS_PER_SM,
+    choose_num_splits,
+    combine_splits_kernel,
+    sm_count,
+)
 from kernels.backend import Backend, interpreting, use_triton
 
 _LOG2E = 1.4426950408889634

@@ -36,6 +36,7 @@ from protocol.chat_response import (  # noqa: F401
     chat_usage,
     completion_id,
 )
+from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice  # noqa: F401
 from protocol.deltas import (  # noqa: F401
     Delta,
     Failure,
@@ -48,7 +49,6 @@ from protocol.deltas import (  # noqa: F401
 )
 from protocol.events import TokenLogprob  # noqa: F401
 from protocol.response import Usage  # noqa: F401
-from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice  # noqa: F401
 
 __all__ = [
     "ChatRequest",

@@ -62,7 +62,13 @@ from protocol.checks import (
     refuse_missing,
     require,
 )
-from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice, join_text
+from protocol.conversation import (
+    ChatMessage,
+    FunctionTool,
+    ToolCall,
+    ToolChoice,
+    join_text,
+)
 from protocol.errors import Refusal
 from protocol.sampling import CHAT_NAMES, EFFORTS, SamplingFields, extract_sampling
 

@@ -74,6 +74,7 @@ from protocol.deltas import (
     ToolCallArguments,
     ToolCallEnd,
     ToolCallStart,
+    dispatch,
 )
 from protocol.errors import Refusal
 from protocol.events import TokenLogprob
@@ -206,22 +207,7 @@ class ChatStream:
 
     def feed(self, delta: Delta) -> Chunks:
         """Dispatch one `protocol.deltas` object to the matching method."""
-        t = type(delta)
-        if t is TextDelta:
-            return self.text(delta.text, delta.logprobs)
-        if t is ReasoningDelta:
-            return self.reasoning(delta.text)
-        if t is ToolCallArguments:
-            return self.tool_call_arguments(delta.chunk)
-        if t is ToolCallStart:
-            return self.tool_call_start(delta.name, delta.call_id)
-        if t is ToolCallEnd:
-            return self.tool_call_end()
-        if t is Finish:
-            return self.finish(delta.reason, delta.usage)
-        if t is Failure:
-            return self.fail(delta.message, delta.code, delta.usage)
-        raise TypeError(f"not a delta: {delta!r}")
+        return dispatch(self, delta)
 
     def feed_all(self, deltas: Iterable[Delta]) -> Chunks:
         out: Chunks = []

@@ -78,7 +78,13 @@ from protocol.items import (
     ReasoningText,
     SummaryText,
 )
-from protocol.request import FunctionTool, ReasoningConfig, ResponsesRequest, TextConfig, ToolChoice
+from protocol.request import (
+    FunctionTool,
+    ReasoningConfig,
+    ResponsesRequest,
+    TextConfig,
+    ToolChoice,
+)
 from protocol.sampling import RESPONSES_NAMES, extract_sampling
 
 __all__ = [

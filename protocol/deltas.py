@@ -7,7 +7,7 @@ The engine's output parser speaks in these (or calls the matching
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from protocol.events import TokenLogprob
 from protocol.response import Usage
@@ -22,6 +22,7 @@ __all__ = [
     "Failure",
     "Delta",
     "FinishReason",
+    "dispatch",
 ]
 
 FinishReason = Literal["stop", "tool_calls", "length", "max_output_tokens", "content_filter", "cancelled"]
@@ -68,3 +69,24 @@ class Failure:
 
 
 Delta = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArguments, ToolCallEnd, Finish, Failure]
+
+
+def dispatch(sink: Any, delta: Delta) -> Any:
+    """Call the `sink` method that matches `delta` (the Responses and chat streams share
+    these method names) and return what it returns."""
+    t = type(delta)
+    if t is TextDelta:
+        return sink.text(delta.text, delta.logprobs)
+    if t is ReasoningDelta:
+        return sink.reasoning(delta.text)
+    if t is ToolCallArguments:
+        return sink.tool_call_arguments(delta.chunk)
+    if t is ToolCallStart:
+        return sink.tool_call_start(delta.name, delta.call_id)
+    if t is ToolCallEnd:
+        return sink.tool_call_end()
+    if t is Finish:
+        return sink.finish(delta.reason, delta.usage)
+    if t is Failure:
+        return sink.fail(delta.message, delta.code, delta.usage)
+    raise TypeError(f"not a delta: {delta!r}")

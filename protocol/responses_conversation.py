@@ -28,7 +28,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice, join_text
+from protocol.conversation import (
+    ChatMessage,
+    FunctionTool,
+    ToolCall,
+    ToolChoice,
+    join_text,
+)
 from protocol.items import FunctionCall, FunctionCallOutput, Message, Reasoning
 from protocol.request import ResponsesRequest
 

@@ -55,13 +55,7 @@ from typing import Any
 from protocol import ids
 from protocol.deltas import (
     Delta,
-    Failure,
-    Finish,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
+    dispatch,
 )
 from protocol.encrypted import seal_reasoning
 from protocol.events import TokenLogprob
@@ -463,19 +457,4 @@ class ResponseStream:
 
     def feed(self, delta: Delta) -> Events:
         """Dispatch one `protocol.deltas` object to the matching method."""
-        t = type(delta)
-        if t is TextDelta:
-            return self.text(delta.text, delta.logprobs)
-        if t is ReasoningDelta:
-            return self.reasoning(delta.text)
-        if t is ToolCallArguments:
-            return self.tool_call_arguments(delta.chunk)
-        if t is ToolCallStart:
-            return self.tool_call_start(delta.name, delta.call_id)
-        if t is ToolCallEnd:
-            return self.tool_call_end()
-        if t is Finish:
-            return self.finish(delta.reason, delta.usage)
-        if t is Failure:
-            return self.fail(delta.message, delta.code, delta.usage)
-        raise TypeError(f"not a delta: {delta!r}")
+        return dispatch(self, delta)

@@ -2,6 +2,7 @@
 
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.config import ModelConfig
+
 # `ignis.model.generate` stays the module (generate.generate, generate.chat).
 from ignis.model.generate import ChatAnswer, GenerationOutput
 from ignis.model.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block

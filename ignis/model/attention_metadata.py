@@ -6,7 +6,7 @@ forward only passes it through to `kernels.write_kv` / `kernels.paged_attention`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +21,9 @@ class AttentionMetadata:
     # Host-side sizes so kernels can size their grids without reading device tensors.
     max_query_len: int
     max_seq_len: int
+    # A stand-in for kernels.paged_attention (same signature) chosen per step by the
+    # engine's runner, e.g. its batched CPU path; None = kernels.paged_attention.
+    attention_op: Callable[..., torch.Tensor] | None = None
 
     @property
     def num_seqs(self) -> int:

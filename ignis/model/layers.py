@@ -6,6 +6,8 @@ read the same input are fused at load (q|k|v, gate|up) so one GEMM serves them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,8 +45,13 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
         self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
+        # A stand-in for F.linear(x, weight, bias) installed by the engine's runner (on the
+        # CPU: a GEMM over a oneDNN-packed copy of the weight); None = F.linear.
+        self.linear_op: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.linear_op is not None:
+            return self.linear_op(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -112,7 +119,7 @@ class Attention(nn.Module):
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         k_cache, v_cache = kv_cache
         kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = kernels.paged_attention(
+        o = (meta.attention_op or kernels.paged_attention)(
             q,
             k_cache,
             v_cache,

@@ -137,7 +137,11 @@ def load_model(
         template = ChatTemplate.from_gguf(reader)
         del reader  # drops the memmap; every weight was copied out
     elif kind == "hf":
-        from ignis.model.hf_loader import hf_tensor_names, iter_hf_weights, read_hf_config
+        from ignis.model.hf_loader import (
+            hf_tensor_names,
+            iter_hf_weights,
+            read_hf_config,
+        )
 
         config = read_hf_config(p)
         weights = _progress(iter_hf_weights(p), len(hf_tensor_names(p)), progress, "loading weights")
