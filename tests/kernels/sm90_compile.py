@@ -1,4 +1,5 @@
-"""Compile every Triton kernel configuration the launchers can pick, for sm_90, without a GPU.
+"""Compile every Triton kernel configuration the launchers can pick (attention, its split
+combine, write_kv, the sampler), for sm_90, without a GPU.
 
 The interpreter runs kernels as Python, so it cannot catch what only the compiler sees
 (type-unstable loop variables, unsupported constructs, shared-memory overflow, spills).
@@ -26,6 +27,8 @@ from kernels.attention import tile_config
 from kernels.attention_kernel import paged_attention_kernel
 from kernels.attention_split import combine_splits_kernel
 from kernels.kv_cache import _write_kv_kernel
+from kernels.sampling_params import GREEDY_EPS
+from kernels.sampling_triton import DEFAULT_CONFIG as SAMPLER, _sample_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -124,6 +127,16 @@ def compile_all(quick: bool = False) -> list[dict]:
             ptrs = {"key_ptr": ty, "value_ptr": ty, "k_cache_ptr": ty, "v_cache_ptr": ty, "slot_ptr": "*i64"}
             k = _compile(_write_kv_kernel, ptrs, set(), const, 4, 1)
             rows.append({"kernel": "write_kv", "dtype": _TY[dtype], "head_dim": head_dim, "heads": heads,
+                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"])})
+    for dtype in (torch.bfloat16, torch.float32):
+        for logprobs in (False, True) if not quick or dtype == torch.bfloat16 else (False,):
+            ptrs = {"x_base": f"*{_TY[dtype]}", "topk_ptr": "*i32", "ci_base": "*i32", "dbg_pass_ptr": "*i32",
+                    "seed_ptr": "*i64", "step_ptr": "*i64", "tok_ptr": "*i64"}
+            ptrs |= {n: "*fp32" for n in ("temp_ptr", "topp_ptr", "minp_ptr", "cx_base", "lp_ptr", "dbg_tau_ptr")}
+            const = dict(BLOCK=SAMPLER.block, BLOCK_P=SAMPLER.block_p, NP=SAMPLER.num_pivots, CAP=SAMPLER.cap,
+                         MAX_ITERS=SAMPLER.max_iters, GREEDY_EPS=GREEDY_EPS, LOGPROBS=logprobs, DEBUG=False)
+            k = _compile(_sample_kernel, ptrs, set(), const, SAMPLER.num_warps, 1)
+            rows.append({"kernel": "sample", "dtype": _TY[dtype], "logprobs": logprobs,
                          "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"])})
     return rows
 
