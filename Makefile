@@ -26,7 +26,8 @@ $(VENV)/.test: pyproject.toml $(VENV)/.runtime
 
 install: $(VENV)/.runtime
 
-# ARGS passes Hydra overrides, e.g. make serve ARGS='prompt="Hi there"'
+# Serves the embedded model on 127.0.0.1:8000 (OpenAI base_url http://127.0.0.1:8000/v1).
+# ARGS passes Hydra overrides, e.g. make serve ARGS='server.port=9000 server.api_key=sk-local'
 serve: $(VENV)/.runtime
 	$(PY) -m ignis.serve +model=smollm2-135m $(ARGS)
 

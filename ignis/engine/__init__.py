@@ -1,0 +1,31 @@
+"""The engine: continuous batching over a paged KV cache with prefix caching.
+
+    sequence.py       one request's tokens, blocks and progress
+    block_manager.py  blocks, reference counts, the prefix cache (hash chain, LRU)
+    scheduler.py      waiting queue, running set, token budget, chunked prefill, preemption
+    model_runner.py   the flat batch, the forward, sampling
+    engine.py         LLMEngine: the synchronous core (add_request / abort_request / step)
+    async_engine.py   AsyncEngine: the core in its own thread, asyncio streams, capacity
+    stop.py           incremental detokenization and stop strings
+    sampling_params.py, outputs.py   what a request asks for, what comes back
+    cpu_attention.py  batched paged attention for the CPU (decode rows in one SDPA)
+    cpu_weights.py    oneDNN-packed linear weights for the CPU
+"""
+
+from ignis.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from ignis.engine.engine import EngineStats, LLMEngine
+from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
+from ignis.engine.sampling_params import SamplingParams
+
+__all__ = [
+    "AsyncEngine",
+    "Completion",
+    "EngineDeadError",
+    "EngineStats",
+    "FinishReason",
+    "LLMEngine",
+    "RequestOutput",
+    "RequestStream",
+    "SamplingParams",
+    "Usage",
+]

@@ -1,0 +1,26 @@
+"""The OpenAI-compatible server: Sanic routes over the engine (see app.py for the map).
+
+    app.py                the Sanic app and its routes: create_app(cfg, loaded, engine)
+    context.py            what every route shares (config and its live part, engine, renderer, ...)
+    auth.py               API keys: Authorization: Bearer, or the upgrade's subprotocol entry
+    websocket_protocol.py Sanic's protocol class with permessage-deflate and subprotocol selection
+    render.py             conversation -> prompt token ids (one path for both endpoints)
+    sampling.py           request sampling fields -> engine SamplingParams, fitted to the context
+    admission.py          engine room for HTTP (else 503), the server-wide FIFO for sockets
+    generation.py         engine outputs -> output parser -> protocol events (every transport)
+    responses_http.py     POST /v1/responses (JSON, SSE)
+    chat_http.py          POST /v1/chat/completions (JSON, SSE)
+    socket_session.py     GET /v1/responses upgraded: lanes, history, queue, cancel, idle close
+    sse.py                server-sent events framing
+    metrics.py            Prometheus metrics, a registry per app
+    admin.py              GET / PATCH /admin/config (live settings)
+    access.py             access logs (no keys, no prompt text)
+    errors.py             OpenAI's error envelope for every failure
+    background.py         run a server in a thread of this process (tests, notebooks)
+"""
+
+from ignis.server.app import create_app
+from ignis.server.background import BackgroundServer
+from ignis.server.websocket_protocol import IgnisWebSocketProtocol
+
+__all__ = ["create_app", "BackgroundServer", "IgnisWebSocketProtocol"]

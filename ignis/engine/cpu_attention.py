@@ -1,0 +1,104 @@
+"""A batched paged-attention path for the CPU, built once per step by the runner.
+
+kernels.paged_attention on a CPU tensor runs the PyTorch reference, which loops over
+sequences in Python (about 20 small ops per sequence per layer: half of a 64-way
+decode step). Here the decode rows (one new token each) go through one gather and one
+SDPA call per layer instead; whatever per-step work does not depend on the layer (the
+gather index, the mask) is done once, in the constructor. Rows with more than one new
+token (prefill chunks) still go through the reference, one sequence at a time.
+
+The runner puts the decode rows first in the batch, so they are q[:num_decodes].
+Same contract and signature as kernels.paged_attention (the hints are ignored).
+This is the CPU path of an op and belongs in kernels/ next to the reference; it lives
+here until the kernels package grows a batched torch backend.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import paged_attention_ref
+
+
+class BatchedCpuAttention:
+    def __init__(
+        self,
+        block_tables: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        *,
+        num_decodes: int,
+        decode_max_seq_len: int,
+        block_size: int,
+    ) -> None:
+        self.num_decodes = d = num_decodes
+        self.block_tables, self.query_start_loc, self.seq_lens = block_tables, query_start_loc, seq_lens
+        if d:
+            nb = -(-decode_max_seq_len // block_size)
+            # Padding (-1) entries point at block 0: finite data, masked out below.
+            self.index = block_tables[:d, :nb].clamp(min=0).reshape(-1).long()
+            # Blocks that happen to be consecutive (a lone sequence in a fresh cache, often)
+            # are read in place: a slice instead of a gather.
+            first = int(self.index[0])
+            consecutive = bool((self.index == torch.arange(first, first + self.index.numel())).all())
+            self.span = slice(first, first + self.index.numel()) if consecutive else None
+            self.ctx = nb * block_size
+            self.key_pos = torch.arange(self.ctx)
+            self.decode_lens = seq_lens[:d].long()
+            self.mask = (self.key_pos < self.decode_lens[:, None])[:, None, None, :]  # [d, 1, 1, ctx]
+            self.window_masks: dict[int, torch.Tensor] = {}
+
+    def _decode_mask(self, sliding_window: int | None) -> torch.Tensor:
+        if sliding_window is None:
+            return self.mask
+        m = self.window_masks.get(sliding_window)
+        if m is None:  # the query at position len-1 sees keys j with (len-1) - j < window
+            m = self.mask & (self.key_pos >= self.decode_lens[:, None] - sliding_window)[:, None, None, :]
+            self.window_masks[sliding_window] = m
+        return m
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        out: torch.Tensor | None = None,
+        backend: object = None,
+        **hints: object,
+    ) -> torch.Tensor:
+        d = self.num_decodes
+        num_tokens, num_heads, head_dim = q.shape
+        if out is None:
+            out = torch.empty_like(q)
+        if d:
+            num_blocks, _, kv_heads, _ = k_cache.shape
+            # One gather per cache: [d * nb, block] rows, viewed as [d, kv_heads, ctx, dim].
+            if self.span is not None:
+                k, v = k_cache[self.span], v_cache[self.span]
+            else:
+                k = k_cache.reshape(num_blocks, -1).index_select(0, self.index)
+                v = v_cache.reshape(num_blocks, -1).index_select(0, self.index)
+            k = k.view(d, self.ctx, kv_heads, head_dim).transpose(1, 2)
+            v = v.view(d, self.ctx, kv_heads, head_dim).transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                q[:d].view(d, num_heads, 1, head_dim).to(k.dtype),
+                k,
+                v,
+                attn_mask=self._decode_mask(sliding_window),
+                scale=scale,
+                enable_gqa=num_heads != kv_heads,
+            )
+            out[:d] = o.view(d, num_heads, head_dim).to(out.dtype)
+        if num_tokens > d:
+            qsl = self.query_start_loc[d:] - d
+            paged_attention_ref(
+                q[d:], k_cache, v_cache, self.block_tables[d:], qsl, self.seq_lens[d:],
+                scale, sliding_window, out[d:],
+            )
+        return out

@@ -1,0 +1,341 @@
+"""The synchronous engine core: requests in, one step at a time, outputs out.
+
+    engine = LLMEngine(loaded, EngineConfig(...))
+    engine.add_request("a", prompt_ids, SamplingParams.greedy(32))
+    while engine.has_unfinished_requests():
+        for out in engine.step(): ...
+
+It owns the scheduler, block manager and model runner; it is not thread-safe (the
+AsyncEngine's thread is its only caller there). A step: expire deadlines, schedule,
+run the model, then per sequence append the sampled token, detokenize, check the stop
+conditions, publish newly full blocks to the prefix cache and free finished ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from ignis.config import EngineConfig
+from ignis.engine.block_manager import BlockManager
+from ignis.engine.model_runner import ModelRunner, StepResult
+from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
+from ignis.engine.sampling_params import SamplingParams
+from ignis.engine.scheduler import ScheduledBatch, Scheduler
+from ignis.engine.sequence import Sequence
+from ignis.engine.stop import TextStream
+from ignis.model.kv_cache import kv_cache_bytes_per_block
+from ignis.model.loader import LoadedModel
+
+log = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Gauges for metrics (a snapshot; the AsyncEngine refreshes it after every step)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0  # evictable prefix-cache blocks included
+    num_blocks: int = 0
+    block_size: int = 0
+    prefix_cache_hit_tokens: int = 0  # cumulative, prompt tokens served from the cache
+    prefix_cache_query_tokens: int = 0  # cumulative, prompt tokens looked up
+    num_preemptions: int = 0
+    num_steps: int = 0
+    num_generated_tokens: int = 0
+    # Filled in by the AsyncEngine: requests submitted and not finished, and callers
+    # queued in submit_when_room.
+    num_in_flight: int = 0
+    num_room_waiters: int = 0
+
+
+def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
+    """cfg.num_kv_blocks, else the memory budget (kv_cache_gib, or auto) / bytes per block."""
+    if cfg.num_kv_blocks is not None:
+        return int(cfg.num_kv_blocks)
+    per_block = kv_cache_bytes_per_block(loaded.config, cfg.block_size, loaded.dtype)
+    if cfg.kv_cache_gib is not None:
+        budget = cfg.kv_cache_gib * _GIB
+    elif loaded.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(loaded.device)
+        budget = 0.9 * free - 0.5 * _GIB  # headroom for activations and the sampler
+    else:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        budget = min(2 * _GIB, 0.2 * available)
+    return max(1, int(budget // per_block))
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
+        cfg = config or EngineConfig()
+        self.config = cfg
+        self.loaded = loaded
+        kernels.set_backend(getattr(cfg.kernel_backend, "value", cfg.kernel_backend))
+        if loaded.device.type == "cpu" and cfg.cpu_threads:
+            torch.set_num_threads(int(cfg.cpu_threads))
+        # OpenMP's thread count is per calling thread: whoever steps the engine from another
+        # thread (the AsyncEngine) must set it again there.
+        self.num_threads = torch.get_num_threads()
+        self.block_size = cfg.block_size
+        self.num_blocks = kv_cache_num_blocks(loaded, cfg)
+        model_len = cfg.max_model_len or loaded.config.max_position_embeddings
+        # One sequence alone always fits in the cache, so preemption always makes progress.
+        self.max_model_len = min(model_len, self.num_blocks * cfg.block_size)
+        self.block_manager = BlockManager(
+            self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        self.runner = ModelRunner(
+            loaded.model,
+            num_blocks=self.num_blocks,
+            block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            pack_cpu_weights=cfg.cpu_pack_weights,
+        )
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = frozenset(loaded.eos_token_ids)
+        self.vocab_size = loaded.config.vocab_size
+        self.seqs: dict[str, Sequence] = {}
+        self._num_deadlines = 0
+        self._done: list[RequestOutput] = []  # finished outside a step (abort), reported by the next one
+        self.num_steps = 0
+        self.num_generated_tokens = 0
+        log.info(
+            "engine: %d KV blocks of %d tokens (%.2f GiB), max_model_len %d, max_num_seqs %d, "
+            "max_num_batched_tokens %d, prefix caching %s",
+            self.num_blocks, cfg.block_size,
+            self.num_blocks * kv_cache_bytes_per_block(loaded.config, cfg.block_size, loaded.dtype) / _GIB,
+            self.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching,
+        )
+
+    # -- requests -------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams | None = None,
+        *,
+        deadline: float | None = None,
+        prewarm: bool = False,
+    ) -> None:
+        """Queue a request; raises ValueError (nothing queued) when it cannot be served.
+
+        deadline: a time.monotonic() value; past it the request ends with finish reason
+        DEADLINE. prewarm: prefill only (no token sampled), then publish the blocks.
+        """
+        params = params or SamplingParams()
+        if request_id in self.seqs:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        params.validate()
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        limit = self.max_model_len if prewarm else self.max_model_len - 1
+        if len(prompt) > limit:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; the context length is {self.max_model_len} "
+                "(prompt plus at least one output token)"
+            )
+        room = self.max_model_len - len(prompt)
+        seq = Sequence(
+            request_id,
+            prompt,
+            params,
+            seed=params.seed if params.seed is not None else random.getrandbits(63),
+            max_tokens=min(params.max_tokens or room, room),
+            text=None if prewarm else TextStream(self.tokenizer, params.stop, skip_special_tokens=params.skip_special_tokens),
+            prewarm=prewarm,
+            deadline=deadline,
+            stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids),
+        )
+        self.seqs[request_id] = seq
+        if deadline is not None:
+            self._num_deadlines += 1
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None) -> bool:
+        """End a request now, running or waiting, and free its blocks. Its final output
+        comes with the next step(). False if it is unknown or already finished."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return False
+        self._done.append(self._finish(seq, reason, error=error))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.seqs) or bool(self._done)
+
+    # -- the step -------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._done = self._done, []
+        if self._num_deadlines:
+            now = time.monotonic()
+            for seq in [s for s in self.seqs.values() if s.deadline is not None and s.deadline <= now]:
+                outputs.append(self._finish(seq, FinishReason.DEADLINE))
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return outputs
+        try:
+            result = self.runner.execute(batch)
+        except Exception as exc:
+            log.exception("forward failed; failing the %d requests of this step", len(batch.seqs))
+            for seq in batch.seqs:
+                outputs.append(self._finish(seq, FinishReason.ERROR, error=f"engine step failed: {exc!r}"))
+            return outputs
+        self.num_steps += 1
+        self._postprocess(batch, result, outputs)
+        return outputs
+
+    def _postprocess(self, batch: ScheduledBatch, result: StepResult, outputs: list[RequestOutput]) -> None:
+        tokens, logprobs, errors = result.tokens, result.logprobs, result.errors
+        publish = self.block_manager.publish
+        for i, seq in enumerate(batch.seqs):
+            seq.num_computed_tokens += batch.num_new_tokens[i]
+            if i in errors:
+                outputs.append(self._finish(seq, FinishReason.ERROR, error=errors[i]))
+                continue
+            token = tokens[i]
+            if token is None:
+                publish(seq)
+                if seq.prewarm and seq.num_computed_tokens == seq.num_tokens:
+                    outputs.append(self._finish(seq, FinishReason.PREWARM))
+                continue
+            self.num_generated_tokens += 1
+            seq.token_ids.append(token)
+            seq.new_token_ids.append(token)
+            if seq.params.logprobs:
+                seq.new_logprobs.append(logprobs[i])
+            publish(seq)
+            try:
+                reason, stop_reason = self._check_stop(seq, token)
+            except Exception as exc:
+                log.exception("request %s failed after sampling", seq.request_id)
+                outputs.append(self._finish(seq, FinishReason.ERROR, error=f"output processing failed: {exc!r}"))
+                continue
+            if reason is not None:
+                outputs.append(self._finish(seq, reason, stop_reason=stop_reason))
+            else:
+                outputs.append(self._delta(seq))
+
+    @staticmethod
+    def _check_stop(seq: Sequence, token: int) -> tuple[FinishReason | None, str | int | None]:
+        """Detokenize the new token and decide whether the request ends with it."""
+        if token in seq.stop_ids:
+            return FinishReason.STOP, token  # the stop token's text is not part of the answer
+        text = seq.text.add(token)  # type: ignore[union-attr]
+        if text:
+            seq.new_text.append(text)
+        if seq.text.stop_string is not None:  # type: ignore[union-attr]
+            return FinishReason.STOP, seq.text.stop_string  # type: ignore[union-attr]
+        if seq.num_output_tokens >= seq.max_tokens:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    # -- finishing ------------------------------------------------------------------
+
+    def _finish(
+        self, seq: Sequence, reason: FinishReason, *, stop_reason: str | int | None = None, error: str | None = None
+    ) -> RequestOutput:
+        self.scheduler.finish(seq)  # frees its blocks (publishing the computed ones)
+        del self.seqs[seq.request_id]
+        if seq.deadline is not None:
+            self._num_deadlines -= 1
+        if seq.text is not None and reason is not FinishReason.ERROR:
+            try:
+                tail = seq.text.flush()
+            except Exception:
+                log.exception("request %s: flushing its text failed", seq.request_id)
+                tail = ""
+            if tail:
+                seq.new_text.append(tail)
+        seq.finish_reason, seq.stop_reason, seq.error = reason, stop_reason, error
+        out = self._delta(seq)
+        out.finished = True
+        out.finish_reason = reason
+        out.stop_reason = stop_reason
+        out.error = error
+        out.usage = Usage(
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens or 0,
+            output_tokens=seq.num_output_tokens,
+            rewound_tokens=seq.text.rewound if seq.text is not None else 0,
+        )
+        return out
+
+    @staticmethod
+    def _delta(seq: Sequence) -> RequestOutput:
+        out = RequestOutput(
+            seq.request_id,
+            token_ids=seq.new_token_ids,
+            text="".join(seq.new_text),
+            logprobs=seq.new_logprobs if seq.params.logprobs else None,
+        )
+        seq.new_token_ids, seq.new_text, seq.new_logprobs = [], [], []
+        return out
+
+    # -- gauges and conveniences ----------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=bm.num_free_blocks,
+            num_blocks=bm.num_blocks,
+            block_size=bm.block_size,
+            prefix_cache_hit_tokens=bm.hit_tokens,
+            prefix_cache_query_tokens=bm.query_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self.num_steps,
+            num_generated_tokens=self.num_generated_tokens,
+        )
+
+    def generate(
+        self,
+        prompts: Iterable[Seq[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        prewarm: bool = False,
+    ) -> list[Completion]:
+        """Run prompts to completion, all in flight together; results in prompt order."""
+        prompts = [list(p) for p in prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError("one SamplingParams per prompt, or one for all")
+        ids = [f"gen-{os.getpid()}-{id(self)}-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        collected: dict[str, list[RequestOutput]] = {rid: [] for rid in ids}
+        for rid, prompt, p in zip(ids, prompts, params):
+            self.add_request(rid, prompt, p, prewarm=prewarm)
+        pending = set(ids)
+        while pending:
+            for out in self.step():
+                if out.request_id in collected:
+                    collected[out.request_id].append(out)
+                    if out.finished:
+                        pending.discard(out.request_id)
+        return [Completion.fold(rid, collected[rid]) for rid in ids]
+
+
+__all__ = ["EngineStats", "LLMEngine", "kv_cache_num_blocks"]

@@ -1,0 +1,224 @@
+"""One step on the device: flat batch in, one sampled token per sampling row out.
+
+The batch is every scheduled sequence's new tokens concatenated (decode rows first):
+token ids, positions, slot mapping (where each new K/V row goes), block tables, query
+start locations and context lengths. It is built with numpy on the host and copied
+once (through pinned staging buffers on CUDA). The forward runs the model through the
+kernels ops; logits are computed only at the rows that sample, and the sampler runs
+only when some row is not plain greedy. The one host synchronisation of a step is
+reading the sampled ids back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import kernels
+from ignis.engine.cpu_attention import BatchedCpuAttention
+from ignis.engine.cpu_weights import pack_linear_weights, unpack_linear_weights
+from ignis.engine.scheduler import ScheduledBatch
+from ignis.engine.sequence import Sequence
+from ignis.model.attention_metadata import AttentionMetadata
+from ignis.model.kv_cache import allocate_kv_caches
+from ignis.model.transformer import Transformer
+from kernels.sampling import SamplingTensors, sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    # Per batch.seqs entry: the sampled token (None: this row did not sample, or failed).
+    tokens: list[int | None]
+    logprobs: list[float | None]
+    errors: dict[int, str]  # batch index -> message, for rows whose sampling failed
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        pack_cpu_weights: bool = True,
+    ) -> None:
+        self.model = model
+        self.device = model.device
+        self.block_size = block_size
+        self.kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, dtype=model.dtype, device=self.device)
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.on_cuda = self.device.type == "cuda"
+        # CPU: GEMMs over oneDNN-packed weights (see cpu_weights.py); the head's op is ours.
+        # (Packing belongs to the model, shared by every engine over it: the last engine
+        # built decides.)
+        self.head_op = pack_linear_weights(model) if pack_cpu_weights else None
+        if not pack_cpu_weights:
+            unpack_linear_weights(model)
+        # Batched decode attention on the CPU (see cpu_attention.py) when the model
+        # takes a per-step attention op.
+        self.use_cpu_attention = (
+            self.device.type == "cpu"
+            and kernels.get_backend() != "triton"  # explicit Triton (the interpreter) stays Triton
+            and "attention_op" in AttentionMetadata.__dataclass_fields__
+        )
+        self._copied: torch.cuda.Event | None = None
+        if self.on_cuda:  # pinned host buffers: one non-blocking copy each per step
+            pin = {"pin_memory": True}
+            self._host = {
+                "input_ids": torch.empty(max_num_batched_tokens, dtype=torch.int64, **pin),
+                "positions": torch.empty(max_num_batched_tokens, dtype=torch.int64, **pin),
+                "slot_mapping": torch.empty(max_num_batched_tokens, dtype=torch.int64, **pin),
+                "query_start_loc": torch.empty(max_num_seqs + 1, dtype=torch.int32, **pin),
+                "seq_lens": torch.empty(max_num_seqs, dtype=torch.int32, **pin),
+                "block_tables": torch.empty(max_num_seqs * self.max_blocks_per_seq, dtype=torch.int32, **pin),
+                "sample_idx": torch.empty(max_num_seqs, dtype=torch.int64, **pin),
+            }
+
+    def _tensor(self, name: str, array: np.ndarray) -> torch.Tensor:
+        if not self.on_cuda:
+            return torch.from_numpy(array)  # zero-copy
+        if self._copied is not None:  # last step's copies out of these buffers must be done
+            self._copied.synchronize()
+            self._copied = None
+        buf = self._host[name][: array.size]
+        buf.numpy()[:] = array.reshape(-1)
+        return buf.to(self.device, non_blocking=True).view(array.shape)
+
+    def _copies_enqueued(self) -> None:
+        if self.on_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        seqs, num_new = batch.seqs, batch.num_new_tokens
+        # Decode rows (one new token) first: the CPU attention batches them.
+        order = sorted(range(len(seqs)), key=lambda i: num_new[i] != 1)
+        bs = self.block_size
+        S = len(order)
+        q_lens = np.fromiter((num_new[i] for i in order), dtype=np.int64, count=S)
+        starts = np.fromiter((seqs[i].num_computed_tokens for i in order), dtype=np.int64, count=S)
+        seq_lens = starts + q_lens
+        qsl = np.zeros(S + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=qsl[1:])
+        T = int(qsl[-1])
+        width = max(len(seqs[i].block_table) for i in order)
+        tables = np.full((S, width), -1, dtype=np.int32)
+        ids: list[int] = []
+        for row, i in enumerate(order):
+            seq = seqs[i]
+            tables[row, : len(seq.block_table)] = seq.block_table
+            start = seq.num_computed_tokens
+            if num_new[i] == 1:
+                ids.append(seq.token_ids[start])
+            else:
+                ids.extend(seq.token_ids[start : start + num_new[i]])
+        # positions: start of each row's sequence plus the offset inside its chunk.
+        row_of = np.repeat(np.arange(S), q_lens)
+        positions = np.arange(T, dtype=np.int64) - qsl[:-1][row_of] + starts[row_of]
+        slots = tables[row_of, positions // bs].astype(np.int64) * bs + positions % bs
+
+        # Rows that sample: a non-prewarm sequence whose last known token is in this step.
+        sampling = [
+            row for row, i in enumerate(order)
+            if not seqs[i].prewarm and seq_lens[row] == seqs[i].num_tokens
+        ]
+        result = StepResult([None] * S, [None] * S, {})
+        input_ids = self._tensor("input_ids", np.asarray(ids, dtype=np.int64))
+        pos_t = self._tensor("positions", positions)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor("slot_mapping", slots),
+            block_tables=self._tensor("block_tables", tables),
+            query_start_loc=self._tensor("query_start_loc", qsl.astype(np.int32)),
+            seq_lens=self._tensor("seq_lens", seq_lens.astype(np.int32)),
+            max_query_len=int(q_lens.max()),
+            max_seq_len=int(seq_lens.max()),
+        )
+        if self.use_cpu_attention:
+            num_decodes = int(np.count_nonzero(q_lens == 1))
+            meta.attention_op = BatchedCpuAttention(
+                meta.block_tables, meta.query_start_loc, meta.seq_lens,
+                num_decodes=num_decodes,
+                decode_max_seq_len=int(seq_lens[:num_decodes].max()) if num_decodes else 0,
+                block_size=bs,
+            )
+        sample_idx = None
+        if sampling and len(sampling) != T:  # only the rows that sample go through the head
+            idx = np.asarray([qsl[row + 1] - 1 for row in sampling], dtype=np.int64)
+            sample_idx = self._tensor("sample_idx", idx)
+        self._copies_enqueued()
+        hidden = self.model(input_ids, pos_t, self.kv_caches, meta)
+        if not sampling:
+            return result
+        if sample_idx is not None:
+            hidden = hidden.index_select(0, sample_idx)
+        logits = self.model.compute_logits(hidden) if self.head_op is None else self.head_op(hidden).float()
+        rows = [seqs[order[row]] for row in sampling]
+        tokens, logprobs, errors = self._sample(logits, rows)
+        for k, row in enumerate(sampling):
+            i = order[row]
+            if k in errors:
+                result.errors[i] = errors[k]
+            else:
+                result.tokens[i] = tokens[k]
+                result.logprobs[i] = logprobs[k] if logprobs is not None else None
+        return result
+
+    def _sample(
+        self, logits: torch.Tensor, rows: list[Sequence]
+    ) -> tuple[list[int], list[float] | None, dict[int, str]]:
+        """Sample every row at once; if that raises, row by row so one bad row fails alone."""
+        try:
+            return (*self._sample_rows(logits, rows), {})
+        except Exception as exc:  # noqa: BLE001 - isolate the offending rows below
+            log.warning("batched sampling failed (%s); retrying row by row", exc)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        errors: dict[int, str] = {}
+        for k, seq in enumerate(rows):
+            try:
+                t, lp = self._sample_rows(logits[k : k + 1], [seq])
+                tokens.append(t[0])
+                logprobs.append(lp[0] if lp is not None else float("nan"))
+            except Exception as exc:  # noqa: BLE001
+                errors[k] = f"sampling failed: {exc}"
+                tokens.append(-1)
+                logprobs.append(float("nan"))
+        return tokens, logprobs, errors
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> tuple[list[int], list[float] | None]:
+        want_logprobs = any(s.params.logprobs for s in rows)
+        penalties = any(s.params.uses_penalties for s in rows)
+        if not want_logprobs and not penalties and all(s.params.is_greedy for s in rows):
+            # Plain greedy: the sampler's greedy rule is the first index of the max.
+            return logits.argmax(dim=-1).tolist(), None
+        p = [s.params for s in rows]
+        params = SamplingTensors.from_lists(
+            [x.temperature for x in p],
+            top_k=[x.top_k for x in p],
+            top_p=[x.top_p for x in p],
+            min_p=[x.min_p for x in p],
+            repetition_penalty=[x.repetition_penalty for x in p],
+            presence_penalty=[x.presence_penalty for x in p],
+            frequency_penalty=[x.frequency_penalty for x in p],
+            seed=[s.seed for s in rows],
+            step=[s.num_output_tokens for s in rows],
+            prompt_tokens=[s.token_ids[: s.num_prompt_tokens] if s.params.uses_penalties else [] for s in rows]
+            if penalties else None,
+            output_tokens=[s.token_ids[s.num_prompt_tokens :] if s.params.uses_penalties else [] for s in rows]
+            if penalties else None,
+            device=logits.device,
+        )
+        if want_logprobs:
+            ids, lps = sample(logits, params, return_logprobs=True, inplace_penalties=True)
+            both = torch.stack((ids.to(torch.float64), lps.to(torch.float64))).tolist()  # one sync
+            return [int(t) for t in both[0]], both[1]
+        return sample(logits, params, inplace_penalties=True).tolist(), None

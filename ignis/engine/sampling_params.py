@@ -1,0 +1,66 @@
+"""What one request asks of the sampler and of the stop logic.
+
+Plain Python values, validated once at submit; the runner turns the rows of a step
+into kernels.sampling.SamplingTensors. Neutral values (temperature 0 = greedy, top_p 1,
+top_k 0, penalties off) let the runner skip work no row needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int | None = None  # None = up to the context length
+    temperature: float = 1.0  # < 1e-5 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # None = a random seed chosen at submit. The draw depends on (seed, step) only, so a
+    # seeded request gives the same tokens whatever else shares its steps.
+    seed: int | None = None
+    stop: Sequence[str] = field(default_factory=tuple)  # stop strings, cut from the text
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)  # besides the model's EOS ids
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True  # in the detokenized text
+    logprobs: bool = False  # report the logprob of each sampled token
+
+    @classmethod
+    def greedy(cls, max_tokens: int | None = None, **kwargs: object) -> SamplingParams:
+        return cls(max_tokens=max_tokens, temperature=0.0, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def validate(self) -> None:
+        """Raise ValueError on a value the engine cannot honour (the server maps it to a 400)."""
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature >= 0.0:  # also catches NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if isinstance(self.stop, str):
+            raise ValueError("stop must be a list of strings, not a string")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or t < 0:
+                raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")

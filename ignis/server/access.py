@@ -1,0 +1,49 @@
+"""Access logs: one INFO line per HTTP request and per finished response or socket,
+on the ``ignis.access`` logger. Method, path, status, ids, token counts and timings
+only: never a header (so never a key), never prompt or output text."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sanic import Request
+from sanic.response import BaseHTTPResponse
+
+from ignis.server.generation import Outcome
+
+__all__ = ["access_log", "on_request", "on_response", "log_outcome"]
+
+access_log = logging.getLogger("ignis.access")
+
+
+async def on_request(request: Request) -> None:
+    request.ctx.t0 = time.monotonic()
+
+
+async def on_response(request: Request, response: BaseHTTPResponse) -> None:
+    if not request.app.ctx.ignis.cfg.access_log:
+        return
+    t0 = getattr(request.ctx, "t0", None)
+    ms = (time.monotonic() - t0) * 1000 if t0 is not None else 0.0
+    kind = " (stream)" if response.content_type and "event-stream" in response.content_type else ""
+    access_log.info("%s %s %s %s %d%s %.1f ms", request.ip, request.method, request.path, _proto(request),
+                    response.status, kind, ms)
+
+
+def _proto(request: Request) -> str:
+    return f"HTTP/{request.version}"
+
+
+def log_outcome(where: str, response_id: str, outcome: Outcome, *, stream_id: str | None = None,
+                enabled: bool = True) -> None:
+    if not enabled:
+        return
+    u = outcome.usage
+    lane = f" stream_id={stream_id}" if stream_id is not None else ""
+    ttft = f" ttft={outcome.ttft:.3f}s" if outcome.ttft is not None else ""
+    access_log.info(
+        "%s %s%s %s: input=%d cached=%d output=%d%s total=%.3fs%s",
+        where, response_id, lane, outcome.status, u.input_tokens, u.cached_tokens, u.output_tokens, ttft,
+        outcome.elapsed, f" ({outcome.error})" if outcome.error and outcome.status == "failed" else "",
+    )

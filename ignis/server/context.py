@@ -1,0 +1,94 @@
+"""What every route shares: config (with its live part), model, engine, renderer,
+admission, metrics, keys. One `ServerContext` per app, at ``app.ctx.ignis``."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ignis.config import ServerConfig
+from ignis.engine import AsyncEngine
+from ignis.model.loader import LoadedModel
+from ignis.server.admission import Admission
+from ignis.server.auth import resolve_api_key
+from ignis.server.errors import model_not_found
+from ignis.server.metrics import Metrics
+from ignis.server.render import Renderer
+
+__all__ = ["LiveSettings", "ServerContext", "LIVE_KEYS"]
+
+log = logging.getLogger("ignis.server")
+
+# Keys PATCH /admin/config may change while the server runs (seconds, >= 0; 0 = off).
+LIVE_KEYS = ("request_timeout", "stream_timeout", "socket_idle_close")
+
+
+@dataclass
+class LiveSettings:
+    request_timeout: float
+    stream_timeout: float
+    socket_idle_close: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in LIVE_KEYS}
+
+
+@dataclass
+class ServerContext:
+    cfg: ServerConfig
+    loaded: LoadedModel
+    engine: AsyncEngine
+    live: LiveSettings
+    api_key: str | None
+    reasoning_key: bytes
+    renderer: Renderer
+    admission: Admission
+    metrics: Metrics
+    model_names: tuple[str, ...]
+    started: int = field(default_factory=lambda: int(time.time()))
+    sockets: set[Any] = field(default_factory=set)
+
+    @classmethod
+    def build(cls, cfg: ServerConfig, loaded: LoadedModel, engine: AsyncEngine) -> ServerContext:
+        if cfg.reasoning_key:
+            reasoning_key = hashlib.sha256(cfg.reasoning_key.encode("utf-8")).digest()
+        else:
+            reasoning_key = secrets.token_bytes(32)
+        admission = Admission(engine)
+        sockets: set[Any] = set()
+        metrics = Metrics(engine, queued=lambda: admission.queued, sockets=lambda: len(sockets))
+        names = tuple(dict.fromkeys([loaded.name, *cfg.model_aliases]))
+        return cls(
+            cfg=cfg,
+            loaded=loaded,
+            engine=engine,
+            live=LiveSettings(float(cfg.request_timeout), float(cfg.stream_timeout), float(cfg.socket_idle_close)),
+            api_key=resolve_api_key(cfg.api_key),
+            reasoning_key=reasoning_key,
+            renderer=Renderer(loaded.tokenizer, loaded.chat_template),
+            admission=admission,
+            metrics=metrics,
+            model_names=names,
+            sockets=sockets,
+        )
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def check_model(self, model: str) -> None:
+        if model not in self.model_names:
+            raise model_not_found(model, self.model_names)
+
+    @staticmethod
+    def seconds(value: float) -> float | None:
+        """A live timeout as the engine takes it (None = no limit)."""
+        return value if value and value > 0 else None

@@ -1,0 +1,396 @@
+"""GET /v1/responses upgraded to a WebSocket: OpenAI's Responses socket mode.
+
+The client sends ``response.create`` frames (the HTTP body's fields, plus
+``stream_id`` and ``generate``) and ``response.cancel`` frames; the server answers
+with the SSE stream's events, one per text frame (a ``stream_id`` on every event of a
+named stream).
+
+Rules (one `SocketSession` per connection):
+
+- History: each stream (lane) keeps its latest finished response (completed,
+  incomplete or cancelled; not failed): the whole conversation it saw plus its
+  output. ``previous_response_id`` naming the latest response of any lane of this
+  connection continues from it with only the new items; naming it from a new
+  ``stream_id`` forks that conversation. Any other id: an ``error`` frame with code
+  ``previous_response_not_found`` (Codex then resends the full history).
+- ``generate: false`` is a prewarm: the prompt (rendered without the generation
+  prompt, so that it is a prefix of the next turn's) is prefilled and its KV blocks
+  are published to the prefix cache; the response completes with no output and an id
+  to chain from; the next turn reports those tokens as cached.
+- Lanes: ``stream_id`` (1-256 chars of ``[A-Za-z0-9_.-]``), at most 32 per connection
+  (the default lane, no ``stream_id``, does not count). Requests run in order within a
+  lane and concurrently across lanes, at most 16 lanes active per connection (the rest
+  wait their turn).
+- Admission: when the engine is full a request gets ``response.created`` +
+  ``response.queued`` and waits in the server-wide FIFO (`admission`); its deadline
+  (server.stream_timeout) counts from admission.
+- ``response.cancel`` (``response_id``, else the latest live response of the given
+  lane, default lane when none) ends one running, queued or waiting response with
+  status ``cancelled`` (a ``response.incomplete`` event). Closing the socket cancels
+  everything it had; the engine frees their KV blocks.
+- ``response.steer`` -> ``error`` ``steering_not_supported``. A bad frame (not JSON,
+  binary, unknown type, a refused request) -> an ``error`` frame; the socket stays open.
+- No time limit on the connection. Idle close: nothing live (running, queued or
+  waiting) and no text or binary frame from the client (pings do not count) for
+  server.socket_idle_close seconds (counted from the later of the last frame and the
+  end of the last response) -> close code 1000 with a reason saying so. The value is
+  read live, so PATCH /admin/config reaches open sockets within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import replace
+from typing import Any
+
+from sanic import Request
+from websockets.protocol import State
+
+from ignis.output_parser import OutputParser
+from ignis.server.access import access_log, log_outcome
+from ignis.server.context import ServerContext
+from ignis.server.generation import drive
+from ignis.server.responses_http import prepare, timeout_message
+from protocol import ids
+from protocol.decode import decode_item
+from protocol.errors import Refusal
+from protocol.events import dumps
+from protocol.items import Item
+from protocol.socket_events import CancelEvent, CreateEvent, SocketError, decode_frame, error_event
+from protocol.stream import ResponseStream
+
+__all__ = ["SocketSession", "responses_socket", "MAX_STREAMS", "MAX_ACTIVE"]
+
+log = logging.getLogger("ignis.server.socket")
+
+MAX_STREAMS = 32  # named lanes per connection
+MAX_ACTIVE = 16  # lanes running at once per connection
+_FINISHED_MEMORY = 1024  # recently finished ids: a late cancel of one is not an error
+_WATCH_INTERVAL = 0.25  # seconds between idle checks (live patches land within it)
+
+
+class _Gone(Exception):
+    """The socket is closed: nothing more can be sent."""
+
+
+class Job:
+    """One ``response.create``, from its frame to its terminal event."""
+
+    def __init__(self, session: SocketSession, event: CreateEvent) -> None:
+        self.session = session
+        self.event = event
+        self.sid = event.stream_id
+        self.id = ids.response_id()
+        self.arrival = time.monotonic()
+        self.task: asyncio.Task[None] | None = None
+        self.engine_stream: Any = None
+        self.encoder: ResponseStream | None = None
+        self.cancel_requested = False
+        self.done = False
+
+    def cancel(self) -> None:
+        if self.done or self.cancel_requested:
+            return
+        self.cancel_requested = True
+        if self.engine_stream is not None:
+            self.engine_stream.abort()  # the engine ends it: finish reason ABORT -> cancelled
+        elif self.task is not None:
+            self.task.cancel()  # queued for the engine, or still preparing
+
+    async def run(self) -> None:
+        s = self.session
+        ctx = s.ctx
+        req = self.event.request
+        generate = self.event.generate
+        try:
+            items = req.input
+            if req.previous_response_id is not None:
+                items = s.lookup(req.previous_response_id) + items
+            # Rendering and tokenizing a long history is CPU work: off the event loop.
+            prompt, params = await asyncio.to_thread(prepare, ctx, replace(req, input=items), generation=generate)
+        except Refusal as refusal:
+            ctx.metrics.refused("responses", refusal.status)
+            await s.send([error_event(refusal, self.sid)])
+            return
+        except asyncio.CancelledError:
+            if self.cancel_requested and not s.closing:  # cancelled while rendering
+                await self.cancel_unstarted()
+                return
+            raise
+        queued = not ctx.admission.has_room()
+        enc = ResponseStream(req, response_id=self.id, queued=queued, reasoning_key=ctx.reasoning_key,
+                             stream_id=self.sid)
+        self.encoder = enc
+        limit = ctx.seconds(ctx.live.stream_timeout)
+
+        async def notice() -> None:
+            await s.send(enc.start())
+
+        try:
+            stream = await ctx.admission.wait(prompt.ids, params, on_queued=notice, timeout=limit,
+                                              prewarm=not generate)
+        except asyncio.CancelledError:
+            if self.cancel_requested and not s.closing:
+                await s.send(enc.cancel())
+                s.remember(self.sid, self.id, items, enc)
+                return
+            raise
+        self.engine_stream = stream
+        async with stream:
+            if self.cancel_requested:
+                stream.abort()
+            await s.send(enc.admitted())
+            outcome = await drive(
+                stream, OutputParser(prompt.parser), enc, s.send,
+                tokenizer=ctx.loaded.tokenizer, started=self.arrival,
+                logprobs=bool(params and params.logprobs),
+                timeout_message=timeout_message("stream_timeout", limit),
+            )
+        s.remember(self.sid, self.id, items, enc)
+        ctx.metrics.finished("responses", "socket", outcome, time.monotonic() - self.arrival)
+        log_outcome("socket", self.id, outcome, stream_id=self.sid, enabled=ctx.cfg.access_log)
+
+    async def cancel_unstarted(self) -> None:
+        """Cancelled before it began: the full life of a cancelled response, at once."""
+        s = self.session
+        enc = ResponseStream(self.event.request, response_id=self.id, reasoning_key=s.ctx.reasoning_key,
+                             stream_id=self.sid)
+        await s.send(enc.cancel())
+
+
+class Lane:
+    def __init__(self, sid: str | None) -> None:
+        self.sid = sid
+        self.pending: deque[Job] = deque()  # not started yet, in order
+        self.current: Job | None = None
+        self.worker: asyncio.Task[None] | None = None
+        self.latest: tuple[str, tuple[Item, ...]] | None = None  # (response id, whole conversation)
+
+    def live_jobs(self) -> list[Job]:
+        return ([self.current] if self.current is not None else []) + list(self.pending)
+
+
+class SocketSession:
+    def __init__(self, ctx: ServerContext, ws: Any, peer: str = "") -> None:
+        self.ctx = ctx
+        self.ws = ws
+        self.peer = peer
+        self.lanes: dict[str | None, Lane] = {}
+        self.jobs: dict[str, Job] = {}  # live jobs by response id
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.active = asyncio.Semaphore(MAX_ACTIVE)
+        self.closing = False
+        self.last_frame = self.last_busy = time.monotonic()
+        self.close_reason: str | None = None
+
+    # -- I/O ------------------------------------------------------------------------
+
+    async def send(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            if self.closing or self.ws.ws_proto.state is not State.OPEN:
+                raise _Gone()
+            try:
+                await self.ws.send(dumps(ev))
+            except Exception as exc:  # noqa: BLE001 - Sanic's WebsocketClosed, websockets' ConnectionClosed
+                if self.ws.ws_proto.state is not State.OPEN:
+                    raise _Gone() from exc
+                raise
+
+    async def error(self, refusal: Refusal, stream_id: str | None = None) -> None:
+        self.ctx.metrics.refused("responses", refusal.status)
+        try:
+            await self.send([error_event(refusal, stream_id)])
+        except _Gone:
+            pass
+
+    # -- history --------------------------------------------------------------------
+
+    def lookup(self, response_id: str) -> tuple[Item, ...]:
+        for lane in self.lanes.values():
+            if lane.latest is not None and lane.latest[0] == response_id:
+                return lane.latest[1]
+        raise Refusal(
+            f"Previous response with id '{response_id}' not found on this connection (each stream keeps only "
+            "its latest response; resend the full input without previous_response_id).",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+
+    def remember(self, sid: str | None, response_id: str, items: tuple[Item, ...], enc: ResponseStream) -> None:
+        if enc.status not in ("completed", "incomplete", "cancelled"):
+            return
+        key = self.ctx.reasoning_key
+        outputs = tuple(decode_item(o, f"output[{i}]", reasoning_key=key) for i, o in enumerate(enc.response["output"]))
+        self.lanes[sid].latest = (response_id, tuple(items) + outputs)
+
+    # -- the connection ---------------------------------------------------------------
+
+    async def serve(self) -> None:
+        watchdog = asyncio.ensure_future(self._idle_watchdog())
+        try:
+            while True:
+                data = await self.ws.recv()
+                if data is None:
+                    if self.ws.ws_proto.state in (State.CLOSING, State.CLOSED):
+                        break
+                    continue
+                self.last_frame = time.monotonic()
+                await self._on_frame(data)
+        finally:
+            self.closing = True
+            watchdog.cancel()
+            self._cancel_everything()
+
+    async def _on_frame(self, data: str | bytes) -> None:
+        if not isinstance(data, str):
+            await self.error(Refusal("Binary frames are not supported: send each event as a JSON text frame.",
+                                     param=None, code="invalid_frame"))
+            return
+        ev = decode_frame(data, reasoning_key=self.ctx.reasoning_key)
+        if isinstance(ev, SocketError):
+            await self.error(ev.refusal, ev.stream_id)
+        elif isinstance(ev, CancelEvent):
+            await self._cancel(ev)
+        else:
+            await self._create(ev)
+
+    async def _create(self, ev: CreateEvent) -> None:
+        sid = ev.stream_id
+        if sid is not None and sid not in self.lanes and sum(k is not None for k in self.lanes) >= MAX_STREAMS:
+            await self.error(Refusal(f"At most {MAX_STREAMS} stream_id values per connection.", param="stream_id",
+                                     code="too_many_streams"), sid)
+            return
+        try:
+            self.ctx.check_model(ev.request.model)
+        except Refusal as refusal:
+            await self.error(refusal, sid)
+            return
+        lane = self.lanes.get(sid)
+        if lane is None:
+            lane = self.lanes[sid] = Lane(sid)
+        job = Job(self, ev)
+        self.jobs[job.id] = job
+        lane.pending.append(job)
+        if lane.worker is None:
+            lane.worker = asyncio.ensure_future(self._run_lane(lane))
+
+    async def _run_lane(self, lane: Lane) -> None:
+        try:
+            while lane.pending:
+                job = lane.pending[0]
+                async with self.active:
+                    if job.done:  # cancelled while waiting for a slot (already removed)
+                        continue
+                    lane.pending.popleft()
+                    lane.current = job
+                    job.task = asyncio.ensure_future(self._guarded(job))
+                    await asyncio.wait([job.task])
+                    lane.current = None
+        finally:
+            lane.worker = None
+
+    async def _guarded(self, job: Job) -> None:
+        try:
+            await job.run()
+        except _Gone:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - one response fails, the socket lives on
+            log.exception("socket response %s failed", job.id)
+            message = "The server had an error while processing this response."
+            try:
+                if job.encoder is None:
+                    await self.send([error_event(Refusal(message, code="server_error", type="server_error",
+                                                         status=500), job.sid)])
+                elif not job.encoder.done:
+                    await self.send(job.encoder.fail(message))
+            except _Gone:
+                pass
+        finally:
+            self._finished(job)
+
+    def _finished(self, job: Job) -> None:
+        job.done = True
+        self.jobs.pop(job.id, None)
+        self.finished[job.id] = None
+        while len(self.finished) > _FINISHED_MEMORY:
+            self.finished.popitem(last=False)
+        self.last_busy = time.monotonic()
+
+    async def _cancel(self, ev: CancelEvent) -> None:
+        if ev.response_id is not None:
+            job = self.jobs.get(ev.response_id)
+            if job is None:
+                if ev.response_id not in self.finished:
+                    await self.error(Refusal(f"No response with id '{ev.response_id}' on this connection.",
+                                             param="response_id", code="response_not_found", status=404),
+                                     ev.stream_id)
+                return
+        else:
+            lane = self.lanes.get(ev.stream_id)
+            live = lane.live_jobs() if lane is not None else []
+            if not live:
+                return  # nothing to cancel (it may have just finished)
+            job = live[-1]
+        if job.task is None:  # waiting in its lane: never started
+            lane = self.lanes[job.sid]
+            if job in lane.pending:
+                lane.pending.remove(job)
+            self._finished(job)
+            try:
+                await job.cancel_unstarted()
+            except _Gone:
+                pass
+            return
+        job.cancel()
+
+    def _cancel_everything(self) -> None:
+        for lane in self.lanes.values():
+            for job in list(lane.pending):
+                job.done = True
+            lane.pending.clear()
+            if lane.worker is not None:
+                lane.worker.cancel()
+        for job in list(self.jobs.values()):
+            if job.task is not None:
+                job.task.cancel()  # `async with stream` aborts it in the engine
+            elif job.engine_stream is not None:
+                job.engine_stream.abort()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.jobs)
+
+    async def _idle_watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL)
+            idle = self.ctx.live.socket_idle_close
+            if not idle or idle <= 0 or self.busy:
+                continue
+            since = max(self.last_frame, self.last_busy)
+            if time.monotonic() - since >= idle:
+                self.close_reason = f"idle for {idle:g} s with nothing running (server.socket_idle_close)"
+                await self.ws.close(1000, self.close_reason)
+                return
+
+
+async def responses_socket(request: Request, ws: Any) -> None:
+    """The Sanic websocket handler of GET /v1/responses."""
+    ctx: ServerContext = request.app.ctx.ignis
+    peer = f"{request.ip}:{request.port}"
+    session = SocketSession(ctx, ws, peer)
+    ctx.sockets.add(session)
+    extensions = ",".join(type(e).__name__ for e in getattr(ws.ws_proto, "extensions", []))
+    if ctx.cfg.access_log:
+        access_log.info("%s socket open GET /v1/responses%s", peer, f" ({extensions})" if extensions else "")
+    try:
+        await session.serve()
+    finally:
+        ctx.sockets.discard(session)
+        if ctx.cfg.access_log:
+            why = session.close_reason or "closed"
+            access_log.info("%s socket %s", peer, why)

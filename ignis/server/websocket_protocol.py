@@ -1,0 +1,76 @@
+"""The Sanic WebSocket protocol class ignis runs with (`app.run(protocol=...)`).
+
+Sanic builds websockets' `ServerProtocol` itself, with neither extensions nor a
+subprotocol selector we can choose. This subclass builds it with:
+
+- permessage-deflate (Codex and the OpenAI SDK offer it; accepting it shrinks the
+  multi-kilobyte history frames);
+- a subprotocol selector: the first offered entry that is not
+  ``openai-insecure-api-key.*`` (a browser drops a socket whose offered protocols got
+  no answer), none when only the key (or nothing) was offered. The key entry is never
+  selected, so it is never echoed in the handshake answer.
+
+Declaring ``subprotocols=[...]`` on the route instead would refuse every client that
+offers none (Codex and the SDK offer none) with HTTP 400.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sanic.exceptions import SanicException
+from sanic.log import websockets_logger
+from sanic.server.protocols.websocket_protocol import WebSocketProtocol
+from sanic.server.websockets.impl import WebsocketImplProtocol
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
+
+from ignis.server.auth import KEY_SUBPROTOCOL_PREFIX
+
+__all__ = ["IgnisWebSocketProtocol", "select_subprotocol"]
+
+
+def select_subprotocol(_protocol: object, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    for entry in offered:
+        if not entry.startswith(KEY_SUBPROTOCOL_PREFIX):
+            return entry
+    return None
+
+
+class IgnisWebSocketProtocol(WebSocketProtocol):
+    async def websocket_handshake(self, request, subprotocols=None):  # noqa: ANN001, ANN201
+        # As Sanic's own (25.12), with our ServerProtocol.
+        try:
+            ws_proto = ServerProtocol(
+                max_size=self.websocket_max_size,
+                extensions=[ServerPerMessageDeflateFactory()],
+                select_subprotocol=select_subprotocol,
+                state=State.OPEN,
+                logger=websockets_logger,
+            )
+            resp = ws_proto.accept(self.sanic_request_to_ws_request(request))
+        except Exception as exc:  # noqa: BLE001
+            raise SanicException("Failed to open a WebSocket connection.", status_code=500) from exc
+        if not 100 <= resp.status_code <= 299:
+            body = resp.body.decode("utf-8", "replace") if resp.body else resp.reason_phrase
+            raise SanicException(body, resp.status_code)
+        head = bytearray(f"HTTP/1.1 {resp.status_code} {resp.reason_phrase}\r\n".encode())
+        head += "".join(f"{k}: {v}\r\n" for k, v in resp.headers.raw_items()).encode()
+        head += b"\r\n"
+        await super(WebSocketProtocol, self).send(head)
+        self.websocket = WebsocketImplProtocol(
+            ws_proto,
+            ping_interval=self.websocket_ping_interval,
+            ping_timeout=self.websocket_ping_timeout,
+            close_timeout=self.websocket_timeout,
+        )
+        loop = getattr(getattr(request, "transport", None), "loop", None)
+        await self.websocket.connection_made(self, loop=loop)
+        self.websocket_url = self._http.request.url
+        self.websocket_peer = f"{id(self):X}"[-5:-1] + "unx"
+        if ip := self._http.request.client_ip:
+            self.websocket_peer = f"{ip}:{self._http.request.port}"
+        self.log_websocket("OPEN")
+        return self.websocket
