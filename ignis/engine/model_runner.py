@@ -217,8 +217,10 @@ class ModelRunner:
             if penalties else None,
             device=logits.device,
         )
+        # Penalties go on a copy, never in place: a failed batched call is retried row by
+        # row on these same logits, which must not be penalised twice.
         if want_logprobs:
-            ids, lps = sample(logits, params, return_logprobs=True, inplace_penalties=True)
+            ids, lps = sample(logits, params, return_logprobs=True)
             both = torch.stack((ids.to(torch.float64), lps.to(torch.float64))).tolist()  # one sync
             return [int(t) for t in both[0]], both[1]
-        return sample(logits, params, inplace_penalties=True).tolist(), None
+        return sample(logits, params).tolist(), None

@@ -14,6 +14,7 @@ from typing import Any
 from sanic import HTTPResponse, Request
 from sanic.exceptions import SanicException
 
+from ignis.engine.async_engine import EngineDeadError
 from protocol.errors import Refusal
 from protocol.events import dumps
 
@@ -112,6 +113,10 @@ async def error_handler(request: Request, exc: Exception) -> HTTPResponse:
     """The app-wide exception handler: every error leaves as OpenAI's envelope."""
     if isinstance(exc, Refusal):
         refusal = exc
+    elif isinstance(exc, EngineDeadError):
+        # /health already says 503; every request must say the same, not 500 + a traceback.
+        refusal = Refusal("The engine is not running; try again later.", code="engine_unavailable",
+                          type="server_error", status=503)
     elif isinstance(exc, SanicException):
         refusal = sanic_refusal(request, exc)
         if refusal.status >= 500:

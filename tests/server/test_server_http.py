@@ -289,3 +289,16 @@ def test_cors(start_server):
     assert r.headers["access-control-allow-origin"] == "https://app.example"
     r = http(srv, "GET", "/v1/models", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in r.headers
+
+
+def test_dead_engine_answers_503_not_500(start_server):
+    """Once the engine thread is gone, /health and every generation route say 503."""
+    dead = start_server()
+    dead.engine.shutdown()
+    assert http(dead, "GET", "/health", key=None).status_code == 503
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
+    for path, payload in (("/v1/responses", body),
+                          ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})):
+        r = http(dead, "POST", path, json=payload)
+        assert r.status_code == 503, (path, r.status_code, r.text)
+        assert r.json()["error"]["code"] == "engine_unavailable", r.text
