@@ -147,15 +147,6 @@ class BlockManager:
         seq.block_table = []
         seq.num_published_blocks = 0
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix held by a free block (e.g. after new weights)."""
-        for block in self.free:
-            h = self.block_hash[block]
-            if h is not None and self.cached.get(h) == block:
-                del self.cached[h]
-            self.block_hash[block] = None
-            self.block_tokens[block] = None
-
     def check(self, live: list[Sequence]) -> None:
         """Assert the bookkeeping is consistent with the live sequences (tests, debugging)."""
         refs = [0] * self.num_blocks

@@ -70,10 +70,6 @@ class Sequence:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED
-
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
