@@ -10,6 +10,7 @@
     generation.py         engine outputs -> output parser -> protocol events (every transport)
     responses_http.py     POST /v1/responses (JSON, SSE)
     chat_http.py          POST /v1/chat/completions (JSON, SSE)
+    http_turn.py          one HTTP turn for both: deadline, admission or 503, drive, metrics
     socket_session.py     GET /v1/responses upgraded: lanes, history, queue, cancel, idle close
     sse.py                server-sent events framing
     metrics.py            Prometheus metrics, a registry per app

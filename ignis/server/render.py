@@ -35,7 +35,14 @@ from typing import Any
 
 from ignis.model.chat_template import ChatTemplate, ChatTemplateError, encode_chat
 from ignis.output_parser import ParserConfig
-from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice, to_template_messages, to_template_tools
+from protocol.conversation import (
+    ChatMessage,
+    FunctionTool,
+    ToolCall,
+    ToolChoice,
+    to_template_messages,
+    to_template_tools,
+)
 from protocol.errors import Refusal
 
 log = logging.getLogger(__name__)

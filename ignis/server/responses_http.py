@@ -15,33 +15,22 @@ that failed response object with status 200, as it returns any finished response
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
 from sanic import HTTPResponse, Request
 
-from ignis.output_parser import OutputParser
-from ignis.server.access import log_outcome
 from ignis.server.context import ServerContext
-from ignis.server.errors import json_response, overloaded
-from ignis.server.generation import drive
+from ignis.server.errors import json_response
+from ignis.server.http_turn import run_turn
 from ignis.server.sampling import check_context, engine_params
-from ignis.server.sse import open_sse, responses_text
+from ignis.server.sse import responses_text
 from protocol.decode import decode_json, decode_request
 from protocol.request import ResponsesRequest
 from protocol.responses_conversation import to_conversation
 from protocol.stream import ResponseStream
 
-__all__ = ["create_response", "prepare", "timeout_message"]
-
-log = logging.getLogger("ignis.server")
-
-
-def timeout_message(key: str, limit: float | None) -> str:
-    if key == "request_timeout":
-        return f"Timed out: the request did not finish within server.request_timeout ({limit or 0:g} s)."
-    return f"Timed out: the response did not finish within server.stream_timeout ({limit or 0:g} s) of its admission."
+__all__ = ["create_response", "prepare"]
 
 
 def prepare(ctx: ServerContext, request: ResponsesRequest, *, generation: bool = True) -> tuple[Any, Any]:
@@ -75,45 +64,9 @@ async def create_response(request: Request) -> HTTPResponse | None:
     arrival = time.monotonic()
     # Decoding, rendering and tokenizing are CPU work: off the event loop.
     req, prompt, params = await asyncio.to_thread(_decode_and_prepare, ctx, request.body)
-    live = ctx.live
-    if req.stream:
-        limit = ctx.seconds(live.stream_timeout)
-        timing: dict[str, Any] = {"timeout": limit}
-        message = timeout_message("stream_timeout", limit)
-    else:
-        limit = ctx.seconds(live.request_timeout)
-        timing = {"deadline": arrival + limit if limit else None}
-        message = timeout_message("request_timeout", limit)
-    stream = ctx.admission.try_now(prompt.ids, params, **timing)
-    if stream is None:
-        ctx.metrics.refused("responses", 503)
-        return overloaded(ctx.cfg.retry_after)
     enc = ResponseStream(req, reasoning_key=ctx.reasoning_key, emit=req.stream)
-    parser = OutputParser(prompt.parser)
-    kw = dict(tokenizer=ctx.loaded.tokenizer, started=arrival, logprobs=params.logprobs, timeout_message=message)
-    try:
-        async with stream:
-            if req.stream:
-                resp = await open_sse(request)
-
-                async def emit(events: list[dict[str, Any]]) -> None:
-                    await resp.send(responses_text(events))
-
-                await emit(enc.start())
-                outcome = await drive(stream, parser, enc, emit, **kw)
-                await resp.eof()
-            else:
-                outcome = await drive(stream, parser, enc, _discard, **kw)
-    except asyncio.CancelledError:
-        if ctx.cfg.access_log:
-            log.info("POST /v1/responses %s: client went away; aborted", enc.id)
-        raise
-    ctx.metrics.finished("responses", "sse" if req.stream else "http", outcome, time.monotonic() - arrival)
-    log_outcome("POST /v1/responses", enc.id, outcome, enabled=ctx.cfg.access_log)
-    if req.stream:
-        return None
-    return json_response(enc.response)
-
-
-async def _discard(events: list[dict[str, Any]]) -> None:
-    return None
+    outcome = await run_turn(request, ctx, endpoint="responses", sse=req.stream, prompt=prompt, params=params,
+                             encoder=enc, arrival=arrival, to_text=responses_text, start=enc.start)
+    if isinstance(outcome, HTTPResponse):
+        return outcome
+    return None if req.stream else json_response(enc.response)

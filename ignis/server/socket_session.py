@@ -53,13 +53,20 @@ from ignis.output_parser import OutputParser
 from ignis.server.access import access_log, log_outcome
 from ignis.server.context import ServerContext
 from ignis.server.generation import drive
-from ignis.server.responses_http import prepare, timeout_message
+from ignis.server.http_turn import timeout_message
+from ignis.server.responses_http import prepare
 from protocol import ids
 from protocol.decode import decode_item
 from protocol.errors import Refusal
 from protocol.events import dumps
 from protocol.items import Item
-from protocol.socket_events import CancelEvent, CreateEvent, SocketError, decode_frame, error_event
+from protocol.socket_events import (
+    CancelEvent,
+    CreateEvent,
+    SocketError,
+    decode_frame,
+    error_event,
+)
 from protocol.stream import ResponseStream
 
 __all__ = ["SocketSession", "responses_socket", "MAX_STREAMS", "MAX_ACTIVE"]
