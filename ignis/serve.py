@@ -37,7 +37,7 @@ def run(cfg: IgnisConfig) -> int:
         device=cfg.model.device,
         name=cfg.model.name,
     )
-    engine = AsyncEngine.from_config(loaded, cfg.engine)
+    engine = AsyncEngine(loaded, cfg.engine)
     app = create_app(cfg, loaded, engine)
     log.info("serving %s on http://%s:%d (OpenAI base_url http://%s:%d/v1)", loaded.name, cfg.server.host,
              cfg.server.port, cfg.server.host, cfg.server.port)

@@ -121,10 +121,6 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="ignis-engine", daemon=True)
         self._thread.start()
 
-    @classmethod
-    def from_config(cls, loaded: LoadedModel, config: EngineConfig, **kwargs: Any) -> AsyncEngine:
-        return cls(loaded, config, **kwargs)
-
     # -- submitting -----------------------------------------------------------------
 
     def submit(

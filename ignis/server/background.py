@@ -101,7 +101,7 @@ class BackgroundServer:
         from ignis.server.websocket_protocol import IgnisWebSocketProtocol
 
         self._stop = asyncio.Event()
-        engine = self.engine or AsyncEngine.from_config(self.loaded, self.cfg.engine)
+        engine = self.engine or AsyncEngine(self.loaded, self.cfg.engine)
         self.engine = engine
         self.app = app = create_app(self.cfg, self.loaded, engine)
         server = await app.create_server(sock=self._sock, protocol=IgnisWebSocketProtocol,
