@@ -17,6 +17,7 @@ class ModelFormat(str, Enum):
     auto = "auto"
     gguf = "gguf"
     hf = "hf"
+    scripted = "scripted"  # tests and experiments only: see ignis/model/scripted.py
 
 
 class DType(str, Enum):
@@ -40,6 +41,8 @@ class ModelConfig:
     # A .gguf file or a Hugging Face directory; null = the embedded SmolLM2 GGUF.
     path: str | None = None
     format: ModelFormat = ModelFormat.auto
+    # format=scripted only: the YAML/JSON script of replies (ignis/model/scripted.py).
+    script: str | None = None
     dtype: DType = DType.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 

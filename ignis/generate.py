@@ -78,15 +78,9 @@ def generate(
 
 
 def run(cfg: GenerateConfig) -> int:
-    from ignis.model import load_model
+    from ignis.model import load_model_from_config
 
-    loaded = load_model(
-        cfg.model.path,
-        kind=None if cfg.model.format.value == "auto" else cfg.model.format.value,
-        dtype=cfg.model.dtype.value,
-        device=cfg.model.device,
-        name=cfg.model.name,
-    )
+    loaded = load_model_from_config(cfg.model)
     engine = build_engine(loaded, cfg.engine)
     prompt = encode_prompt(loaded, cfg.prompt)
     params = SamplingParams(max_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)

@@ -25,18 +25,12 @@ register()
 def run(cfg: IgnisConfig) -> int:
     import kernels
     from ignis.engine import AsyncEngine
-    from ignis.model import load_model
+    from ignis.model import load_model_from_config
     from ignis.server.app import create_app
     from ignis.server.websocket_protocol import IgnisWebSocketProtocol
 
     kernels.set_backend(cfg.engine.kernel_backend.value)
-    loaded = load_model(
-        cfg.model.path,
-        kind=None if cfg.model.format.value == "auto" else cfg.model.format.value,
-        dtype=cfg.model.dtype.value,
-        device=cfg.model.device,
-        name=cfg.model.name,
-    )
+    loaded = load_model_from_config(cfg.model)
     engine = AsyncEngine(loaded, cfg.engine)
     app = create_app(cfg, loaded, engine)
     log.info("serving %s on http://%s:%d (OpenAI base_url http://%s:%d/v1)", loaded.name, cfg.server.host,

@@ -56,7 +56,12 @@ def pack_linear_weights(model: Transformer, batch_hint: int = BATCH_HINT) -> Lin
     """Install packed GEMMs on every Linear of a CPU fp32 model; return the LM head's op
     (None, and nothing installed, where oneDNN is unavailable or disagrees with F.linear).
     Packing is done once per model: later engines over the same model reuse it."""
-    if model.device.type != "cpu" or model.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    if (
+        not isinstance(model, Transformer)  # e.g. the scripted model: no weights
+        or model.device.type != "cpu"
+        or model.dtype != torch.float32
+        or not torch.backends.mkldnn.is_available()
+    ):
         return None
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     cached = getattr(model, "_ignis_packed_head", None)

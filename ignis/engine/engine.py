@@ -61,7 +61,8 @@ class EngineStats:
 
 
 def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
-    """cfg.num_kv_blocks, else the memory budget (kv_cache_gib, or auto) / bytes per block."""
+    """cfg.num_kv_blocks, else the memory budget (kv_cache_gib, or auto) / bytes per block,
+    at most max_num_seqs full-length sequences."""
     if cfg.num_kv_blocks is not None:
         return int(cfg.num_kv_blocks)
     per_block = kv_cache_bytes_per_block(loaded.config, cfg.block_size, loaded.dtype)
@@ -73,7 +74,11 @@ def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
     else:
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         budget = min(2 * _GIB, 0.2 * available)
-    return max(1, int(budget // per_block))
+    # More blocks than every sequence at full length can hold only feed the prefix cache;
+    # the cap matters for tiny-KV models (the scripted one), whose budget would be millions.
+    model_len = cfg.max_model_len or loaded.config.max_position_embeddings
+    cap = cfg.max_num_seqs * -(-model_len // cfg.block_size)
+    return max(1, min(cap, int(budget // per_block)))
 
 
 class LLMEngine:

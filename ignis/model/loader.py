@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["gguf", "hf"]
+Kind = Literal["gguf", "hf", "scripted"]
 EMBEDDED_NAME = "smollm2-135m"
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -40,6 +40,8 @@ class LoadedModel:
     name: str
     path: str
     kind: Kind
+    # Whether output may open with a <think> block; None = decided by the chat template.
+    reasoning: bool | None = None
 
     @property
     def device(self) -> torch.device:
@@ -101,15 +103,19 @@ def load_model(
     device: str | torch.device = "auto",
     progress: bool = True,
     name: str | None = None,
+    script: str | None = None,
 ) -> LoadedModel:
     """Load weights, tokenizer and chat template. path None means the embedded SmolLM2 GGUF;
     kind is inferred from the path (a .gguf file, or a directory holding config.json).
+    kind "scripted" (tests and experiments) is the scripted model over `script`.
     name (what clients call the model) defaults to the file stem or directory name,
     "smollm2-135m" for the embedded model."""
     # Imported here so the forward can be used (and tested) without the text side.
     from ignis.model.chat_template import ChatTemplate
     from ignis.model.tokenizer import Tokenizer
 
+    if kind == "scripted":
+        return _load_scripted(script, resolve_device(device), name)
     if path is None:
         from ignis.model.embedded import smollm2_gguf_path
 
@@ -171,4 +177,35 @@ def load_model(
         name=name,
         path=str(p),
         kind=kind,
+    )
+
+
+def _load_scripted(script: str | None, device: torch.device, name: str | None) -> LoadedModel:
+    from ignis.model.scripted import load_scripted
+
+    model, tokenizer, template, eos = load_scripted(script, device)
+    log.info("loaded the scripted model over %s (tests and experiments only)", script)
+    return LoadedModel(
+        model=model,  # type: ignore[arg-type]  # the Transformer interface, without weights
+        config=model.config,
+        tokenizer=tokenizer,
+        chat_template=template,
+        eos_token_ids=(eos,),
+        name=name or "scripted",
+        path=str(script),
+        kind="scripted",
+        reasoning=True,
+    )
+
+
+def load_model_from_config(cfg: Any) -> LoadedModel:
+    """`load_model` with the keys of the `model` config group (ignis.config.ModelConfig)."""
+    fmt = getattr(cfg.format, "value", cfg.format)
+    return load_model(
+        cfg.path,
+        kind=None if fmt == "auto" else fmt,
+        dtype=getattr(cfg.dtype, "value", cfg.dtype),
+        device=cfg.device,
+        name=cfg.name,
+        script=cfg.script,
     )

@@ -69,7 +69,7 @@ class ServerContext:
             live=LiveSettings(float(cfg.request_timeout), float(cfg.stream_timeout), float(cfg.socket_idle_close)),
             api_key=resolve_api_key(cfg.api_key),
             reasoning_key=reasoning_key,
-            renderer=Renderer(loaded.tokenizer, loaded.chat_template),
+            renderer=Renderer(loaded.tokenizer, loaded.chat_template, reasoning=loaded.reasoning),
             admission=admission,
             metrics=metrics,
             model_names=names,

@@ -80,13 +80,17 @@ def hermes_tools_block(tools: Sequence[FunctionTool], choice: ToolChoice) -> str
 
 
 class Renderer:
-    def __init__(self, tokenizer: Any, template: ChatTemplate) -> None:
+    def __init__(self, tokenizer: Any, template: ChatTemplate, *, reasoning: bool | None = None) -> None:
         self.tokenizer = tokenizer
         self.template = template
         source = "\n".join(template.templates.values())
         self.has_developer = "developer" in source
         # Qwen3-style think tags: parse reasoning out of the output.
-        self.reasoning_tags = "<think>" in source or tokenizer.token_to_id("<think>") is not None
+        # reasoning=None: decided by the template.
+        self.reasoning_tags = (
+            reasoning if reasoning is not None
+            else "<think>" in source or tokenizer.token_to_id("<think>") is not None
+        )
         # Llama 3 templates apply `tojson` to arguments: give them objects. Templates that
         # test `arguments is string` keep the exact text (the tokens the model produced).
         self.arguments_as_object = "arguments is string" not in source and "tojson" in source

@@ -1,14 +1,16 @@
-"""Recorded Codex CLI 0.171 traffic (tests/protocol/data/codex_requests.jsonl) replayed
-against a real server: every HTTP body and socket frame as Codex sent it, every answer
-checked against the OpenAI SDK's own types, socket continuations accepted with cached
-tokens reported.
+"""Conformance: recorded Codex CLI 0.171 traffic (tests/protocol/data/codex_requests.jsonl,
+from ../shared/conformance/codex) replayed against a live server over the scripted
+model (SmolLM2's tokenizer and template; replies from tests/clients/script.yaml). Every
+HTTP body and socket frame goes up as Codex sent it; every answer is checked against
+the OpenAI SDK's own types and for what the script makes the model say: a user asking
+to run `echo hello` gets an `exec_command` function call, a tool result gets the final
+text. Socket continuations report cached tokens.
 
-Two changes to what Codex sent, both in the open: `max_output_tokens` is capped (the
-tiny random model would otherwise write until the end of its context), and the
-previous_response_id of a continuation names this server's response instead of the
-recording server's. Cases recorded without the function-only model catalog carry a
-`namespace` and a `web_search` tool, which ignis refuses (400 naming the tool); they
-are checked for that refusal, then replayed with function tools only.
+One change to what Codex sent, in the open: the previous_response_id of a continuation
+names this server's response instead of the recording server's. Cases recorded without
+the function-only model catalog carry a `namespace` and a `web_search` tool, which
+ignis refuses (400 naming the tool); they are checked for that refusal, then replayed
+with function tools only.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from server_harness import KEY, Frames, client, http
 
 DATA = Path(__file__).resolve().parent.parent / "protocol" / "data" / "codex_requests.jsonl"
 RECORDED = [json.loads(line) for line in DATA.read_text().splitlines()]
-CAP = 16
 
 
 def _functions_only(body):
@@ -62,7 +63,8 @@ def _sse(srv, body):
 
 
 @pytest.mark.parametrize("entry", _http_bodies(), ids=lambda e: f"{e['case']}#{e['n']}")
-def test_recorded_http_bodies(srv, entry):
+def test_recorded_http_bodies(scripted_server, entry):
+    srv = scripted_server
     body = entry["body"]
     if entry["case"] == "http_output_schema":
         r = http(srv, "POST", "/v1/responses", json=body)
@@ -75,12 +77,29 @@ def test_recorded_http_bodies(srv, entry):
         err = r.json()["error"]
         assert err["param"].startswith("tools[") and err["code"] == "unsupported_value"
     assert trimmed["stream"] is True and trimmed["store"] is False
-    events = _sse(srv, dict(trimmed, max_output_tokens=CAP))
+    events = _sse(srv, trimmed)
     final = check_grammar(events)
     assert final["status"] in ("completed", "incomplete")
     assert final["usage"]["input_tokens"] > 1000  # Codex's instructions and tools are in the prompt
-    if final["output"] and final["output"][0]["type"] == "reasoning":  # asked: include encrypted reasoning
+    check_scripted_answer(body, final)
+
+
+def check_scripted_answer(body, final):
+    """What script.yaml makes the model answer to the latest input item."""
+    assert final["status"] == "completed"
+    last = body["input"][-1]
+    kinds = [o["type"] for o in final["output"]]
+    if last["type"] == "function_call_output":
+        assert kinds == ["message"]
+        assert final["output"][0]["content"][0]["text"] == "The command printed hello."
+    elif "echo hello" in last["content"][0]["text"]:
+        assert kinds == ["reasoning", "function_call"]
+        call = final["output"][1]
+        assert call["name"] == "exec_command" and json.loads(call["arguments"]) == {"cmd": "echo hello"}
+        # Codex asks for include: ["reasoning.encrypted_content"] to send reasoning back.
         assert final["output"][0]["encrypted_content"]
+    else:
+        assert kinds == ["message"] and final["output"][0]["content"][0]["text"] == "Hi!"
 
 
 def _cases(transport="socket"):
@@ -92,7 +111,8 @@ def _cases(transport="socket"):
 
 
 @pytest.mark.parametrize("case", sorted(_cases()))
-def test_recorded_socket_frames(srv, case):
+def test_recorded_socket_frames(scripted_server, case):
+    srv = scripted_server
     frames = _cases()[case]
     with client(srv).responses.connect() as conn:  # Authorization: Bearer, as Codex sends it
         f = Frames(conn)
@@ -103,8 +123,6 @@ def test_recorded_socket_frames(srv, case):
                 conn._connection.send(json.dumps(e["frame"]))
                 err = f.next()
                 assert err["type"] == "error" and err["error"]["param"].startswith("tools[")
-            if frame.get("generate", True):
-                frame = dict(frame, max_output_tokens=CAP)
             continued = "previous_response_id" in frame
             if case == "ws_prev_not_found" and e["n"] == 1:
                 # Recorded: the server did not hold that id; Codex then resent everything.
@@ -122,6 +140,8 @@ def test_recorded_socket_frames(srv, case):
             assert final["status"] in ("completed", "incomplete")
             if frame.get("generate") is False:
                 assert final["status"] == "completed" and final["output"] == []
+            else:
+                check_scripted_answer(frame, final)
             if continued:
                 cached = final["usage"]["input_tokens_details"]["cached_tokens"]
                 assert cached > 0, (case, e["n"])

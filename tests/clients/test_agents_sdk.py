@@ -1,0 +1,53 @@
+"""The Agents SDK, unmodified: an Agent with a Python function tool, run by `Runner.run`
+against the scripted model over HTTP (OpenAIResponsesModel) and over the socket (the
+provider's websocket transport), reaching the final answer after the tool call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from server_harness import KEY
+
+agents = pytest.importorskip("agents")
+
+
+def test_agent_calls_a_python_tool_over_http_and_the_socket(scripted_server, spy):
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.items import ToolCallItem, ToolCallOutputItem
+    from agents.models.openai_provider import OpenAIProvider
+    from agents.models.openai_responses import OpenAIResponsesModel
+    from agents.run import RunConfig
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return f"sunny in {city}"
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=scripted_server.base_url + "/v1", api_key=KEY, max_retries=0)
+        http_agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather],
+                           model=OpenAIResponsesModel("scripted", client), model_settings=ModelSettings())
+        socket_agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather], model="scripted")
+        socket = RunConfig(model_provider=OpenAIProvider(openai_client=client, use_responses=True,
+                                                         use_responses_websocket=True))
+        for agent, config in ((http_agent, None), (socket_agent, socket)):
+            calls.clear()
+            spy["frames"].clear()
+            result = await Runner.run(agent, "What is the weather in Paris?", run_config=config)
+            assert calls == ["Paris"]
+            kinds = [type(i) for i in result.new_items]
+            assert ToolCallItem in kinds and ToolCallOutputItem in kinds
+            assert result.final_output == "The command printed hello."  # the script's answer to a tool result
+            assert len(result.raw_responses) == 2
+            assert result.raw_responses[1].usage.input_tokens_details.cached_tokens > 0
+            assert len(spy["frames"]) == (0 if config is None else 2)  # the socket carried both turns
+        await client.close()
+
+    asyncio.run(main())

@@ -1,0 +1,127 @@
+"""Codex CLI 0.171, unmodified, against ignis: `codex exec` over HTTP and over the
+socket with the scripted model (a full tool loop: Codex runs `echo hello`, sends the
+output back, gets the final answer), `codex exec resume --last` on the socket, and a
+one-turn answer from the real SmolLM2.
+
+The server runs in this process, so the socket tests spy on what it received (each
+frame, as decoded) and on each response's usage (conftest.spy), not on the wire."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from codex import SMALL_MODEL_INSTRUCTIONS, codex_home, run_codex
+from server_harness import KEY
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def check_tool_loop(run) -> None:
+    assert run.rc == 0, run.stderr[-2000:]
+    [command] = run.items("command_execution")
+    assert "echo hello" in command["command"]
+    assert command["exit_code"] == 0 and command["aggregated_output"] == "hello\n"
+    [answer] = run.items("agent_message")
+    assert answer["text"] == "The command printed hello."
+    assert run.events[-1]["type"] == "turn.completed"
+
+
+def test_codex_tool_loop_over_http(scripted_server, tmp_path):
+    home = codex_home(tmp_path / "home", scripted_server.base_url, websockets=False)
+    run = run_codex(home, tmp_path / "work", "Please run echo hello", key=KEY)
+    check_tool_loop(run)
+    usage = run.events[-1]["usage"]
+    # Two requests, the second resending the first's prompt plus under 200 tokens (the
+    # call and its output): all the first prompt's full blocks come from the prefix cache.
+    first_prompt_at_least = (usage["input_tokens"] - 200) // 2
+    assert usage["cached_input_tokens"] >= first_prompt_at_least - 16
+    assert usage["reasoning_output_tokens"] > 0  # the scripted <think> block came back as reasoning
+
+
+def test_codex_tool_loop_over_the_socket_then_resume(scripted_server, tmp_path, spy):
+    home = codex_home(tmp_path / "home", scripted_server.base_url, websockets=True)
+    run = run_codex(home, tmp_path / "work", "Please run echo hello", key=KEY)
+    check_tool_loop(run)
+    frames = [f for f in spy["frames"] if hasattr(f, "request")]
+    assert [f.generate for f in frames] == [False, True, True]  # prewarm, then two turns
+    prewarm, first, second = frames
+    assert first.request.previous_response_id is not None  # continues from the prewarm
+    assert second.request.previous_response_id is not None
+    # Only the new item goes up: the function call's output (Codex resends nothing else).
+    assert [type(i).__name__ for i in second.request.input] == ["FunctionCallOutput"]
+    usages = [o.usage for _, o in spy["outcomes"]]
+    assert len(usages) == 3
+    for before, after in zip(usages, usages[1:]):
+        # Each turn's prompt extends the last one: all of it but the last partial block cached.
+        assert after.cached_tokens >= before.input_tokens - 16, usages
+
+    spy["frames"].clear()
+    spy["outcomes"].clear()
+    last_prompt = usages[-1].input_tokens
+    resumed = run_codex(home, tmp_path / "work", "What did the command print?", key=KEY, resume=True)
+    assert resumed.rc == 0, resumed.stderr[-2000:]
+    assert resumed.items("agent_message")[-1]["text"] == "It printed hello."
+    frames = [f for f in spy["frames"] if hasattr(f, "request")]
+    assert [f.generate for f in frames] == [False, True]  # a new socket: prewarm, then the turn
+    turn = frames[1].request
+    kinds = [type(i).__name__ for i in turn.input]
+    # The whole earlier conversation is sent again: the call, its output and the answer.
+    assert "FunctionCall" in kinds and "FunctionCallOutput" in kinds
+    usage = spy["outcomes"][-1][1].usage
+    assert usage.cached_tokens >= last_prompt - 16  # the earlier turn's prompt, from the prefix cache
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("websockets", [False, True], ids=["http", "socket"])
+def test_codex_one_turn_with_smollm2(tmp_path, websockets):
+    """The product command serving SmolLM2; Codex's own instructions (~4k tokens) are
+    replaced in the model catalog so its prompt fits SmolLM2's 8k context."""
+    port = _free_port()
+    env = dict(os.environ, IGNIS_API_KEY=KEY)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ignis.serve", "+model=smollm2-135m", f"server.port={port}",
+         "engine.max_num_seqs=4", "engine.cpu_threads=2"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the server did not come up")
+        home = codex_home(tmp_path / "home", base, model="smollm2-135m", websockets=websockets,
+                          instructions=SMALL_MODEL_INSTRUCTIONS, context_window=8192)
+        run = run_codex(home, tmp_path / "work", "Say hello in one short sentence.", key=KEY)
+        assert run.rc == 0, run.stderr[-2000:]
+        [answer] = run.items("agent_message")
+        assert answer["text"].strip()
+        assert run.events[-1]["type"] == "turn.completed"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert KEY not in out
