@@ -4,7 +4,8 @@
 
 Measures the card's device-to-device copy bandwidth first, then runs each kernel
 family's check (against its PyTorch reference at full size) and timing (CUDA events,
-median of many runs), and prints one short table last. Meant to finish in a few
+median of many runs), then the engine's decode step with a Qwen3-0.6B-shaped model at
+1, 64 and 256 sequences (engine_check.py), and prints one short table last. Meant to finish in a few
 minutes on an H200; writes the rows as JSON to --out when given.
 """
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from experiments.gpu import attention_check, sampling_check  # noqa: E402
+from experiments.gpu import attention_check, engine_check, sampling_check  # noqa: E402
 from experiments.gpu.common import measure_copy_bandwidth  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def main() -> int:
     copy_bw = measure_copy_bandwidth()
     print(f"{name}: copy bandwidth {copy_bw:.0f} GB/s", flush=True)
     rows: list[dict] = []
-    for check in (attention_check, sampling_check):
+    for check in (attention_check, sampling_check, engine_check):
         label = check.__name__.rsplit(".", 1)[-1]
         print(f"running {label} ...", flush=True)
         try:

@@ -35,7 +35,7 @@ def measure_copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     dst = torch.empty_like(src)
     ms = cuda_time(lambda: dst.copy_(src), iters=iters, warmup=3)
     moved = 2 * src.numel() * src.element_size()
-    del src, dst
+    src = dst = None  # free both before empty_cache (the lambda holds the cells)
     torch.cuda.empty_cache()
     return moved / (ms * 1e-3) / 1e9
 

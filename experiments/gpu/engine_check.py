@@ -1,0 +1,173 @@
+"""Engine decode throughput with a Qwen3-0.6B-shaped random model, as achieved bandwidth.
+
+    python experiments/gpu/engine_check.py [--batch 1 64 256] [--device cuda]
+    (check_kernels.py runs it too, after the kernels)
+
+For each batch size: admit that many 512-token prompts, prefill them, then time whole
+engine steps of pure decode. Reported per step: wall ms, tokens/s, the bytes a decode
+step must read (every weight once, the LM head included, plus each sequence's K/V)
+over the step time as GB/s, and that as a fraction of the card's copy bandwidth. The
+model forward alone at the same shapes is timed too: the gap between the two is the
+host's share of a step (what CUDA graphs could win back).
+
+Weights are random (the shapes are what matter for bandwidth); SmolLM2's tokenizer
+detokenizes, ids beyond its vocabulary decode to nothing. `--device cpu --tiny` runs
+the same code at toy sizes on a CPU, to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+QWEN3_0_6B = dict(family="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16,
+                  num_kv_heads=8, head_dim=128, intermediate_size=3072, rms_norm_eps=1e-6,
+                  rope_theta=1_000_000.0, max_position_embeddings=40960, tie_word_embeddings=True,
+                  qk_norm=True)
+TINY = dict(QWEN3_0_6B, vocab_size=49152, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+            head_dim=16, intermediate_size=128)
+PROMPT_LEN = 512
+
+
+def random_model(shape: dict, device: str, dtype: torch.dtype):  # -> LoadedModel
+    from ignis.model import LoadedModel, ModelConfig, Transformer
+    from ignis.model.chat_template import ChatTemplate
+    from ignis.model.embedded import smollm2_gguf_path
+    from ignis.model.tokenizer import Tokenizer
+    import gguf
+
+    config = ModelConfig(**shape)
+    model = Transformer(config, dtype=dtype, device=device).eval()
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    reader = gguf.GGUFReader(smollm2_gguf_path())
+    return LoadedModel(model=model, config=config, tokenizer=Tokenizer.from_gguf(reader),
+                       chat_template=ChatTemplate.from_gguf(reader), eos_token_ids=(), name="qwen3-0.6b-random",
+                       path="-", kind="hf")
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def decode_bytes(loaded, batch: int, context: int) -> int:
+    c = loaded.config
+    item = torch.empty((), dtype=loaded.dtype).element_size()
+    weights = sum(p.numel() for p in loaded.model.parameters()) * item  # tied head: counted once, read once
+    kv = batch * context * c.num_layers * 2 * c.num_kv_heads * c.head_dim * item
+    return weights + kv
+
+
+def run_batch(loaded, batch: int, steps: int, device: str, prompt_len: int = PROMPT_LEN) -> dict:
+    from ignis.config import EngineConfig, KernelBackend
+    from ignis.engine import LLMEngine, SamplingParams
+
+    blocks_per_seq = -(-(prompt_len + steps + 80) // 16)
+    cfg = EngineConfig(kernel_backend=KernelBackend.auto, max_num_seqs=batch, num_kv_blocks=batch * blocks_per_seq + 8,
+                       max_num_batched_tokens=max(4096, batch), enable_prefix_caching=False)
+    engine = LLMEngine(loaded, cfg)
+    gen = torch.Generator().manual_seed(batch)
+    for i in range(batch):
+        prompt = torch.randint(100, 40000, (prompt_len,), generator=gen).tolist()
+        engine.add_request(f"r{i}", prompt, SamplingParams.greedy(steps + 64, ignore_eos=True))
+    while any(s.num_output_tokens == 0 for s in engine.seqs.values()):  # prefill (chunked)
+        engine.step()
+    for _ in range(3):  # warm up the decode shapes
+        engine.step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync(device)
+    step_ms = (time.perf_counter() - start) * 1000 / steps
+    context = prompt_len + 3 + steps // 2  # mean context over the timed steps
+    forward_ms = time_forward(engine, device)
+    return {"batch": batch, "step_ms": step_ms, "tok_s": batch * 1000 / step_ms,
+            "bytes": decode_bytes(loaded, batch, context), "forward_ms": forward_ms}
+
+
+def time_forward(engine, device: str, iters: int = 20) -> float | None:
+    """The model forward + head alone at the engine's current decode shapes (no scheduling,
+    no sampling, no host-side batch building)."""
+    runner = engine.runner
+    captured = {}
+    real_forward = runner.model.forward
+
+    def spy(input_ids, positions, kv_caches, meta):
+        captured.update(args=(input_ids.clone(), positions.clone(), kv_caches, meta))
+        return real_forward(input_ids, positions, kv_caches, meta)
+
+    runner.model.forward = spy
+    try:
+        engine.step()
+    finally:
+        del runner.model.forward
+    if "args" not in captured:
+        return None
+    input_ids, positions, kv, meta = captured["args"]
+    # Re-running a captured step rewrites the same K/V slots with the same values.
+    with torch.inference_mode():
+        for _ in range(3):
+            runner.model.compute_logits(runner.model(input_ids, positions, kv, meta))
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            runner.model.compute_logits(runner.model(input_ids, positions, kv, meta))
+        sync(device)
+    return (time.perf_counter() - start) * 1000 / iters
+
+
+def run(copy_gbs: float | None, *, batches=(1, 64, 256), steps: int = 32, device: str = "cuda",
+        tiny: bool = False, prompt_len: int = PROMPT_LEN) -> list[dict]:
+    """Rows in check_kernels.py's table format."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    loaded = random_model(TINY if tiny else QWEN3_0_6B, device, dtype)
+    rows = []
+    for batch in batches:
+        print(f"engine decode at {batch} sequences ...", flush=True)
+        r = run_batch(loaded, batch, steps, device, prompt_len)
+        gbs = r["bytes"] / (r["step_ms"] * 1e-3) / 1e9
+        fwd = r["forward_ms"]
+        rows.append({
+            "op": "engine decode step", "shape": f"{'tiny' if tiny else 'qwen3-0.6b'} bs={batch} ctx~{prompt_len}",
+            "ms": r["step_ms"], "gbs": gbs, "frac_bw": gbs / copy_gbs if copy_gbs else None,
+            "vs": f"{r['tok_s']:.0f} tok/s; forward alone {fwd:.3f} ms" if fwd is not None else f"{r['tok_s']:.0f} tok/s",
+            "max_err": None, "ok": True,
+        })
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="toy shapes (to check the script on a CPU)")
+    args = ap.parse_args()
+    copy = None
+    if args.device.startswith("cuda"):
+        from experiments.gpu.common import measure_copy_bandwidth
+
+        copy = measure_copy_bandwidth()
+    rows = run(copy, batches=args.batch, steps=args.steps, device=args.device, tiny=args.tiny)
+    print(f"\n{'shape':<34} {'step ms':>8} {'GB/s':>7} {'%bw':>5}  notes")
+    for r in rows:
+        frac = "-" if r["frac_bw"] is None else f"{100 * r['frac_bw']:.0f}"
+        print(f"{r['shape']:<34} {r['ms']:8.3f} {r['gbs']:7.1f} {frac:>5}  {r['vs']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""experiments/gpu/engine_check.py, the GPU session's engine benchmark, run at toy sizes
+on the CPU so that the script cannot rot between device sessions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from experiments.gpu import engine_check  # noqa: E402
+
+
+def test_engine_check_runs_at_toy_sizes():
+    rows = engine_check.run(None, batches=(1, 3), steps=2, device="cpu", tiny=True, prompt_len=32)
+    assert [r["shape"] for r in rows] == ["tiny bs=1 ctx~32", "tiny bs=3 ctx~32"]
+    for r in rows:
+        assert r["ok"] and r["ms"] > 0 and r["gbs"] > 0 and "tok/s" in r["vs"]
