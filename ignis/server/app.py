@@ -8,6 +8,7 @@ Routes
   GET  /health                 200 while the engine runs, else 503
   GET  /metrics                Prometheus text                     (metrics)
   GET|PATCH /admin/config      live settings                       (admin)
+  GET  /, /playground/*        the Playground chat page            (playground_routes)
 
 Run it with `app.run(host, port, single_process=True, protocol=IgnisWebSocketProtocol)`
 (`ignis.serve` does): one process owns the model and the KV cache.
@@ -29,6 +30,7 @@ from ignis.server.chat_http import create_chat_completion
 from ignis.server.context import ServerContext
 from ignis.server.errors import error_handler, json_response, model_not_found
 from ignis.server.metrics import CONTENT_TYPE
+from ignis.server.playground_routes import add_playground
 from ignis.server.responses_http import create_response
 from ignis.server.socket_session import responses_socket
 
@@ -72,6 +74,7 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     app.add_route(metrics, "/metrics", methods=["GET"], name="metrics")
     app.add_route(admin.get_config, "/admin/config", methods=["GET"], name="admin_get")
     app.add_route(admin.patch_config, "/admin/config", methods=["PATCH"], name="admin_patch")
+    add_playground(app)
 
     app.error_handler.add(Exception, _counting(error_handler))
     app.register_middleware(_before, "request")

@@ -44,7 +44,7 @@ def test_agent_calls_a_python_tool_over_http_and_the_socket(scripted_server, spy
             assert calls == ["Paris"]
             kinds = [type(i) for i in result.new_items]
             assert ToolCallItem in kinds and ToolCallOutputItem in kinds
-            assert result.final_output == "The command printed hello."  # the script's answer to a tool result
+            assert result.final_output == "It is sunny in Paris."  # the script's answer to the tool's result
             assert len(result.raw_responses) == 2
             assert result.raw_responses[1].usage.input_tokens_details.cached_tokens > 0
             assert len(spy["frames"]) == (0 if config is None else 2)  # the socket carried both turns
