@@ -1,24 +1,12 @@
-"""Fixtures for the browser tests: the server tests' tiny model and real servers
-(tests/server/conftest.py, loaded under another name so both directories can run in
-one session), and Debian's chromium driven headless by Playwright."""
+"""Fixtures for the browser tests: Debian's chromium driven headless by Playwright.
+(Servers, tiny or scripted, are the session fixtures of tests/conftest.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("server_fixtures", HERE.parent / "server" / "conftest.py")
-_server = importlib.util.module_from_spec(_spec)
-sys.modules["server_fixtures"] = _server
-_spec.loader.exec_module(_server)  # also puts tests/server on sys.path (server_harness)
-
-tiny_server_model = _server.tiny_server_model
-start_server = _server.start_server
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's (make browser); Playwright never downloads one
 CHROMIUM_ARGS = [

@@ -29,7 +29,18 @@ async def drain(stream) -> list:
 
 
 def engine_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "ignis-engine"]
+    """Engine threads started by this test: session-scoped servers of other test folders
+    (tests/conftest.py) keep their own running until the session ends."""
+    return [t for t in threading.enumerate() if t.name == "ignis-engine" and t not in _BEFORE]
+
+
+_BEFORE: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _threads_before():
+    _BEFORE.clear()
+    _BEFORE.update(threading.enumerate())
 
 
 def test_random_submits_aborts_and_deadlines(tiny: LoadedModel) -> None:
