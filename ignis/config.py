@@ -100,6 +100,9 @@ class ServerConfig:
     cors_origins: list[str] = field(default_factory=list)
     # One INFO line per request / socket (no keys, no prompt text).
     access_log: bool = True
+    # Seconds running responses get to finish after SIGTERM / SIGINT; the ones still
+    # running then are cancelled (with their terminal events) and sockets close with 1001.
+    shutdown_grace: float = 10.0
 
 
 @dataclass

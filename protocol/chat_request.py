@@ -58,6 +58,7 @@ from protocol.checks import (
     check_known_keys,
     check_object,
     check_str,
+    check_unicode,
     path,
     refuse_missing,
     require,
@@ -207,9 +208,11 @@ def load_json_body(raw: bytes | bytearray | memoryview | str) -> Any:
             text = bytes(raw).decode("utf-8-sig")
         else:
             text = raw[1:] if raw.startswith("\ufeff") else raw
-        return json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError, TypeError):
         raise _invalid_json() from None
+    check_unicode(value, text)
+    return value
 
 
 def _refuse_constant(name: str) -> Any:

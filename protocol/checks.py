@@ -11,6 +11,7 @@ Pure stdlib; hot enough (once per request field) to stay hand-written.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping, NoReturn
 
 from protocol.errors import Refusal
@@ -30,7 +31,11 @@ __all__ = [
     "check_enum",
     "check_known_keys",
     "require",
+    "check_unicode",
 ]
+
+# A \\uD800-\\uDFFF escape in JSON text: the only way a parsed string gets a surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def path(prefix: str, key: str | int) -> str:
@@ -219,3 +224,41 @@ def require(obj: Mapping[str, Any], key: str, param: str) -> Any:
     if value is None:
         refuse_missing(path(param, key))
     return value
+
+
+def _encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_unicode(value: Any, text: str) -> None:
+    """Refuse parsed JSON whose strings hold a lone UTF-16 surrogate (``"\\ud800"``, valid
+    JSON syntax but not Unicode text: it could be neither tokenized nor sent back). `text`
+    is the JSON text `value` came from; only when it has a surrogate escape is `value`
+    walked (escaped pairs, as ``ensure_ascii`` writes an emoji, are fine). The param is
+    the string's path (for a bad object key, the object's)."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            ok = _encodable(v)
+        elif isinstance(v, Mapping):
+            ok = all(_encodable(k) for k in v)
+            if ok:
+                stack.extend((x, path(where, k)) for k, x in v.items())
+        else:
+            ok = True
+            if isinstance(v, list):
+                stack.extend((x, path(where, i)) for i, x in enumerate(v))
+        if not ok:
+            raise Refusal(
+                f"Invalid value{f' at {where!r}' if where else ''}: a string holds a lone UTF-16 surrogate "
+                "(an escape from \\ud800 to \\udfff without its pair), which is not Unicode text.",
+                param=where or None,
+                code="invalid_value" if where else "invalid_json",
+            )

@@ -59,6 +59,7 @@ from protocol.checks import (
     check_enum,
     check_object,
     check_str,
+    check_unicode,
     path,
     refuse_missing,
     refuse_type,
@@ -313,6 +314,7 @@ def decode_json(raw: bytes | bytearray | memoryview | str) -> dict[str, Any]:
         raise Refusal(
             "The request body must be a JSON object.", param=None, code="invalid_json"
         )
+    check_unicode(value, raw)
     return value
 
 

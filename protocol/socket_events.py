@@ -3,7 +3,8 @@
 `decode_frame(text)` turns one text frame into exactly one of:
 
 - `CreateEvent`: ``response.create`` -- the request body's fields flat beside
-  ``type``, plus ``stream_id`` (optional lane id, 1-256 chars of ``[A-Za-z0-9_.-]``),
+  ``type``, plus ``stream_id`` (optional lane id, 1-256 chars of ``[A-Za-z0-9_.-]``;
+  anything else is refused with code ``invalid_stream_id``, as OpenAI's socket does),
   ``generate`` (false = prewarm: load the prefix, generate nothing) and ``stream``
   (accepted, ignored: the socket always streams). ``previous_response_id`` is
   carried (the session resolves it or answers ``previous_response_not_found``).
@@ -83,12 +84,11 @@ def _stream_id(frame: dict[str, Any]) -> str | None:
     sid = frame.get("stream_id")
     if sid is None:
         return None
-    check_str(sid, "stream_id")
-    if not STREAM_ID_PATTERN.fullmatch(sid):
+    if not isinstance(sid, str) or not STREAM_ID_PATTERN.fullmatch(sid):
         raise Refusal(
-            "Invalid 'stream_id': expected 1 to 256 characters of letters, digits, '_', '.' or '-'.",
+            "Invalid 'stream_id': expected a string of 1 to 256 characters of letters, digits, '_', '.' or '-'.",
             param="stream_id",
-            code="invalid_value",
+            code="invalid_stream_id",
         )
     return sid
 

@@ -15,7 +15,8 @@ turns "no" into a 503), submit_when_room() waits in FIFO order (the socket's que
 submit() itself never refuses: past capacity requests wait inside the engine.
 
 Failures: a request the engine cannot take (bad stop string, prompt too long, ...)
-ends with one ERROR output; a failing forward fails that step's requests; if the core
+ends with one ERROR output; when a batched forward fails, each of its requests is run
+alone and only those that fail alone end with ERROR (the others go on); if the core
 thread itself dies, every open stream gets an ERROR output, `healthy` turns False and
 submit() raises EngineDeadError.
 """
@@ -36,6 +37,7 @@ import torch
 
 from ignis.config import EngineConfig
 from ignis.engine.engine import EngineStats, LLMEngine
+from ignis.engine.openmp import release_thread_pool
 from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
 from ignis.engine.sampling_params import SamplingParams
 from ignis.model.loader import LoadedModel
@@ -118,6 +120,12 @@ class AsyncEngine:
         self._slots = 0  # in flight + reserved for woken waiters
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._stats = engine.stats()
+        if engine.runner.device.type == "cpu":
+            # The model was loaded and packed in this thread: free its idle OpenMP team, so
+            # that the core thread's is the process's only one (see ignis/engine/openmp.py:
+            # otherwise libgomp makes the core thread's workers sleep between parallel
+            # regions, -20-30% tokens/s on 2 cores).
+            release_thread_pool()
         self._thread = threading.Thread(target=self._run, name="ignis-engine", daemon=True)
         self._thread.start()
 

@@ -204,13 +204,35 @@ class LLMEngine:
         try:
             result = self.runner.execute(batch)
         except Exception as exc:
-            log.exception("forward failed; failing the %d requests of this step", len(batch.seqs))
-            for seq in batch.seqs:
-                outputs.append(self._finish(seq, FinishReason.ERROR, error=f"engine step failed: {exc!r}"))
-            return outputs
+            result = self._execute_alone(batch, exc)
         self.num_steps += 1
         self._postprocess(batch, result, outputs)
         return outputs
+
+    def _execute_alone(self, batch: ScheduledBatch, exc: Exception) -> StepResult:
+        """The batched forward raised: run each sequence of the step alone, so that one
+        request's fault (a bad input, a kernel failing on its shape) fails that request
+        only; the others go on. Rewriting their KV slots is harmless: the same tokens at
+        the same positions write the same rows."""
+        n = len(batch.seqs)
+        if n == 1:
+            log.exception("forward failed for request %s", batch.seqs[0].request_id, exc_info=exc)
+            return StepResult([None], [None], {0: f"engine step failed: {exc!r}"})
+        log.warning("forward of %d requests failed (%r); running them one by one", n, exc)
+        tokens: list[int | None] = [None] * n
+        logprobs: list[float | None] = [None] * n
+        errors: dict[int, str] = {}
+        for i, (seq, num) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            try:
+                one = self.runner.execute(ScheduledBatch([seq], [num]))
+            except Exception as alone:  # noqa: BLE001 - this request alone fails
+                log.exception("forward failed for request %s", seq.request_id, exc_info=alone)
+                errors[i] = f"engine step failed: {alone!r}"
+                continue
+            tokens[i], logprobs[i] = one.tokens[0], one.logprobs[0]
+            if 0 in one.errors:
+                errors[i] = one.errors[0]
+        return StepResult(tokens, logprobs, errors)
 
     def _postprocess(self, batch: ScheduledBatch, result: StepResult, outputs: list[RequestOutput]) -> None:
         tokens, logprobs, errors = result.tokens, result.logprobs, result.errors

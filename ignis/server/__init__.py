@@ -17,6 +17,7 @@
     admin.py              GET / PATCH /admin/config (live settings)
     access.py             access logs (no keys, no prompt text)
     errors.py             OpenAI's error envelope for every failure
+    shutdown.py           SIGTERM: refuse new work, let running responses finish (grace), cancel, close 1001
     background.py         run a server in a thread of this process (tests, notebooks)
 """
 

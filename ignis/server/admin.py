@@ -40,6 +40,7 @@ def _view(ctx: ServerContext) -> dict[str, Any]:
             "retry_after": cfg.retry_after,
             "cors_origins": list(cfg.cors_origins),
             "access_log": cfg.access_log,
+            "shutdown_grace": cfg.shutdown_grace,
         },
         "model": {"name": ctx.model_name, "max_model_len": ctx.max_model_len},
     }

@@ -5,13 +5,15 @@ Routes
   GET  /v1/responses           WebSocket upgrade: the socket mode  (socket_session)
   POST /v1/chat/completions    JSON, or SSE chunks + [DONE]        (chat_http)
   GET  /v1/models[/{id}]       the served model (and its aliases)
-  GET  /health                 200 while the engine runs, else 503
+  GET  /health                 200 while the engine runs, else 503 (also while shutting down)
   GET  /metrics                Prometheus text                     (metrics)
   GET|PATCH /admin/config      live settings                       (admin)
   GET  /, /playground/*        the Playground chat page            (playground_routes)
 
 Run it with `app.run(host, port, single_process=True, protocol=IgnisWebSocketProtocol)`
 (`ignis.serve` does): one process owns the model and the KV cache.
+On SIGTERM / SIGINT the server drains (shutdown.py): new work gets 503, running
+responses get server.shutdown_grace seconds, then are cancelled; sockets close with 1001.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from ignis.model.loader import LoadedModel
 from ignis.server import access, admin, auth
 from ignis.server.chat_http import create_chat_completion
 from ignis.server.context import ServerContext
-from ignis.server.errors import error_handler, json_response, model_not_found
+from ignis.server.errors import error_handler, json_response, model_not_found, refusal_response, shutting_down
 from ignis.server.metrics import CONTENT_TYPE
 from ignis.server.playground_routes import add_playground
 from ignis.server.responses_http import create_response
+from ignis.server.shutdown import drain
 from ignis.server.socket_session import responses_socket
 
 __all__ = ["create_app"]
@@ -51,7 +54,12 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     n = next(_names)
     app = Sanic("ignis" if n == 0 else f"ignis_{n}", configure_logging=False)
     app.config.REQUEST_MAX_SIZE = int(server_cfg.max_request_bytes)
-    app.config.WEBSOCKET_MAX_SIZE = int(server_cfg.max_request_bytes)
+    # A socket message over max_request_bytes gets an error event and the socket lives on
+    # (socket_session); the transport closes it (1009) only past twice that.
+    app.config.WEBSOCKET_MAX_SIZE = 2 * int(server_cfg.max_request_bytes)
+    # Our drain (shutdown.py) has already finished or cut every response when Sanic waits
+    # for the connections left: only idle keep-alive ones remain.
+    app.config.GRACEFUL_SHUTDOWN_TIMEOUT = 1.0
     app.config.RESPONSE_TIMEOUT = _SANIC_RESPONSE_TIMEOUT
     app.config.ACCESS_LOG = False  # ours is `ignis.access`
     app.config.NOISY_EXCEPTIONS = False
@@ -79,6 +87,10 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     app.error_handler.add(Exception, _counting(error_handler))
     app.register_middleware(_before, "request")
     app.register_middleware(_after, "response")
+
+    @app.before_server_stop
+    async def _drain(app: Sanic) -> None:
+        await drain(app.ctx.ignis)
 
     if close_engine:
         @app.after_server_stop
@@ -136,7 +148,19 @@ async def _before(request: Request) -> HTTPResponse | None:
     if request.method == "OPTIONS" and request.headers.get("access-control-request-method"):
         headers = _cors_headers(ctx, request)
         return HTTPResponse(status=204, headers=headers) if headers else None
-    return auth.check_request(request, ctx.api_key)
+    refused = auth.check_request(request, ctx.api_key)
+    if refused is None and ctx.draining and _generates(request):
+        ctx.metrics.refused(_endpoint(request.path), 503)
+        retry = ctx.cfg.retry_after
+        refused = refusal_response(shutting_down(retry), headers={"Retry-After": str(retry)})
+    return refused
+
+
+def _generates(request: Request) -> bool:
+    """A request that would start work: a generation POST or the socket's upgrade."""
+    if request.path in ("/v1/responses", "/v1/chat/completions"):
+        return request.method == "POST" or request.headers.get("upgrade", "").lower() == "websocket"
+    return False
 
 
 async def _after(request: Request, response: HTTPResponse) -> None:
@@ -166,6 +190,8 @@ async def health(request: Request) -> HTTPResponse:
     ctx: ServerContext = request.app.ctx.ignis
     if not ctx.engine.healthy:
         return json_response({"status": "engine_down", "model": ctx.model_name}, status=503)
+    if ctx.draining:
+        return json_response({"status": "shutting_down", "model": ctx.model_name}, status=503)
     return json_response({"status": "ok", "model": ctx.model_name})
 
 

@@ -13,6 +13,7 @@ but a misconfigured public bind must not expose live settings).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 
@@ -58,8 +59,12 @@ def _upgrade_key(request: Request) -> str | None:
     return None
 
 
-def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
+def _same(supplied: str, key: str) -> bool:
+    """Constant time: compare_digest over SHA-256 digests, so that not even the key's
+    length shows in the timing (compare_digest alone returns early on a length mismatch)."""
+    a = hashlib.sha256(supplied.encode("utf-8", "surrogatepass")).digest()
+    b = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+    return hmac.compare_digest(a, b)
 
 
 def is_protected(path: str) -> bool:
@@ -78,16 +83,11 @@ def check_request(request: Request, api_key: str | None) -> HTTPResponse | None:
                 code="admin_disabled", status=403,
             ))
         return None
-    supplied = _bearer(request)
-    if supplied is None:
-        supplied = _upgrade_key(request)
-    elif not _same(supplied, api_key):
-        # A browser may send a stale header and the right subprotocol: accept either.
-        alt = _upgrade_key(request)
-        if alt is not None and _same(alt, api_key):
-            return None
-    if supplied is None:
-        return refusal_response(unauthorized(missing=True))
-    if not _same(supplied, api_key):
-        return refusal_response(unauthorized(missing=False))
-    return None
+    bearer = _bearer(request)
+    if bearer is not None and _same(bearer, api_key):
+        return None
+    # On the upgrade a browser may send a stale header and the right subprotocol: either works.
+    entry = _upgrade_key(request)
+    if entry is not None and _same(entry, api_key):
+        return None
+    return refusal_response(unauthorized(missing=bearer is None and entry is None))

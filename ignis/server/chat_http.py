@@ -9,7 +9,8 @@ Deadlines (server.request_timeout for a non-streaming request from its arrival,
 server.stream_timeout for a stream from its admission): a stream gets one
 ``data: {"error": {..., "code": "timeout"}}`` line then ``[DONE]``; a non-streaming
 request gets 504 with that error. An engine failure: the same with code
-``server_error`` (500).
+``server_error`` (500). Cut by a server shutdown: the same with code
+``server_shutting_down`` (503).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from protocol.errors import Refusal
 
 __all__ = ["create_chat_completion"]
 
+_SHUTDOWN = "The server shut down before this completion finished (server.shutdown_grace); retry it."
+
 
 def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
     req = decode_chat_request_bytes(raw)
@@ -50,7 +53,7 @@ async def create_chat_completion(request: Request) -> HTTPResponse | None:
     enc = ChatStream(model=req.model, include_usage=req.include_usage, logprobs=req.logprobs, emit=req.stream)
     outcome = await run_turn(request, ctx, endpoint="chat", sse=req.stream, prompt=prompt, params=params,
                              encoder=enc, arrival=arrival, to_text=chat_text, trailer=SSE_DONE,
-                             timeout_code="timeout")
+                             timeout_code="timeout", abort_error=_SHUTDOWN)
     if isinstance(outcome, HTTPResponse):
         return outcome
     if req.stream:
@@ -60,4 +63,6 @@ async def create_chat_completion(request: Request) -> HTTPResponse | None:
     except Refusal as failure:
         if outcome.status == "timeout":
             failure.status = 504
+        elif outcome.status == "cancelled":  # the server shut down before it finished
+            failure.status = 503
         return refusal_response(failure)

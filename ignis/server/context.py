@@ -51,6 +51,10 @@ class ServerContext:
     model_names: tuple[str, ...]
     started: int = field(default_factory=lambda: int(time.time()))
     sockets: set[Any] = field(default_factory=set)
+    # Engine streams of the HTTP turns running now, and whether the server is shutting
+    # down (refusing new work; see shutdown.py).
+    http_streams: set[Any] = field(default_factory=set)
+    draining: bool = False
 
     @classmethod
     def build(cls, cfg: ServerConfig, loaded: LoadedModel, engine: AsyncEngine) -> ServerContext:
@@ -60,7 +64,9 @@ class ServerContext:
             reasoning_key = secrets.token_bytes(32)
         admission = Admission(engine)
         sockets: set[Any] = set()
-        metrics = Metrics(engine, queued=lambda: admission.queued, sockets=lambda: len(sockets))
+        renderer = Renderer(loaded.tokenizer, loaded.chat_template, reasoning=loaded.reasoning)
+        metrics = Metrics(engine, queued=lambda: admission.queued, sockets=lambda: len(sockets),
+                          token_cache=renderer.token_cache)
         names = tuple(dict.fromkeys([loaded.name, *cfg.model_aliases]))
         return cls(
             cfg=cfg,
@@ -69,7 +75,7 @@ class ServerContext:
             live=LiveSettings(float(cfg.request_timeout), float(cfg.stream_timeout), float(cfg.socket_idle_close)),
             api_key=resolve_api_key(cfg.api_key),
             reasoning_key=reasoning_key,
-            renderer=Renderer(loaded.tokenizer, loaded.chat_template, reasoning=loaded.reasoning),
+            renderer=renderer,
             admission=admission,
             metrics=metrics,
             model_names=names,

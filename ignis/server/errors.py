@@ -25,6 +25,8 @@ __all__ = [
     "refusal_response",
     "error_handler",
     "overloaded",
+    "engine_unavailable",
+    "shutting_down",
     "unauthorized",
     "model_not_found",
     "context_too_long",
@@ -32,7 +34,10 @@ __all__ = [
 
 
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> HTTPResponse:
-    return HTTPResponse(dumps(obj), status=status, headers=headers, content_type="application/json")
+    # backslashreplace: a lone surrogate (which the decoders refuse) would still leave as a
+    # JSON escape instead of failing the response.
+    body = dumps(obj).encode("utf-8", "backslashreplace")
+    return HTTPResponse(body, status=status, headers=headers, content_type="application/json")
 
 
 def refusal_response(refusal: Refusal, headers: dict[str, str] | None = None) -> HTTPResponse:
@@ -60,6 +65,18 @@ def overloaded(retry_after: int) -> HTTPResponse:
         status=503,
     )
     return refusal_response(refusal, headers={"Retry-After": str(retry_after)})
+
+
+def engine_unavailable() -> Refusal:
+    """The engine thread is gone: 503, as /health says (never a 500 and a traceback)."""
+    return Refusal("The engine is not running; try again later.", code="engine_unavailable",
+                   type="server_error", status=503)
+
+
+def shutting_down(retry_after: int) -> Refusal:
+    """The server is draining (SIGTERM): new work is refused with 503 (see shutdown.py)."""
+    return Refusal(f"The server is shutting down; retry in {retry_after} s (on another instance, or once it is back).",
+                   code="server_shutting_down", type="server_error", status=503)
 
 
 def model_not_found(model: str, served: tuple[str, ...]) -> Refusal:
@@ -115,8 +132,7 @@ async def error_handler(request: Request, exc: Exception) -> HTTPResponse:
         refusal = exc
     elif isinstance(exc, EngineDeadError):
         # /health already says 503; every request must say the same, not 500 + a traceback.
-        refusal = Refusal("The engine is not running; try again later.", code="engine_unavailable",
-                          type="server_error", status=503)
+        refusal = engine_unavailable()
     elif isinstance(exc, SanicException):
         refusal = sanic_refusal(request, exc)
         if refusal.status >= 500:

@@ -12,7 +12,8 @@ engine         response
 STOP           completed (chat ``stop``, or ``tool_calls`` when the parser saw a call)
 LENGTH         incomplete, ``max_output_tokens`` (own limit or the end of the context)
 PREWARM        completed, no output (``generate: false``)
-ABORT          cancelled (``response.cancel``, or the server shutting down)
+ABORT          cancelled (``response.cancel``, or the server shutting down); chat, which
+               has no cancelled ending: an error chunk / 503, ``server_shutting_down``
 DEADLINE       failed, ``server_error`` "Timed out: ..." (the SDK's error codes are a
                closed set); chat: an error chunk / 504, code ``timeout``
 ERROR          failed, ``server_error`` with the engine's message (this request only)
@@ -72,6 +73,7 @@ async def drive(
     logprobs: bool = False,
     timeout_message: str = "Timed out.",
     timeout_code: str = "server_error",
+    abort_error: str | None = None,
 ) -> Outcome:
     """Consume `stream` to its end, emitting events as they come; return how it ended."""
     ttft: float | None = None
@@ -119,7 +121,11 @@ async def drive(
         events += encoder.finish("length", usage)
     elif reason is FinishReason.ABORT:
         status = "cancelled"
-        events += encoder.cancel(usage)
+        if abort_error is None:
+            events += encoder.cancel(usage)
+        else:  # an encoder with no cancelled ending (chat): a failure saying why
+            error = abort_error
+            events += encoder.fail(abort_error, "server_shutting_down", usage)
     elif reason is FinishReason.DEADLINE:
         status, error = "timeout", timeout_message
         events += encoder.fail(timeout_message, timeout_code, usage)

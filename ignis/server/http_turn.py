@@ -19,7 +19,7 @@ from sanic import HTTPResponse, Request
 from ignis.output_parser import OutputParser
 from ignis.server.access import log_outcome
 from ignis.server.context import ServerContext
-from ignis.server.errors import overloaded
+from ignis.server.errors import overloaded, refusal_response, shutting_down
 from ignis.server.generation import Outcome, drive
 from ignis.server.sse import open_sse
 
@@ -50,8 +50,16 @@ async def run_turn(
     start: Callable[[], list[dict[str, Any]]] | None = None,
     trailer: str | None = None,
     timeout_code: str = "server_error",
+    abort_error: str | None = None,
 ) -> Outcome | HTTPResponse:
-    """Run the turn; an HTTPResponse (the 503) when the engine has no room."""
+    """Run the turn; an HTTPResponse (a 503) when the engine has no room or the server
+    is shutting down. Over HTTP the engine aborts a turn only when the server shuts down
+    (a client that went away is not answered): `abort_error`, when given, ends it as a
+    failure with that message (chat has no cancelled ending) instead of cancelled."""
+    if ctx.draining:
+        ctx.metrics.refused(endpoint, 503)
+        retry = ctx.cfg.retry_after
+        return refusal_response(shutting_down(retry), headers={"Retry-After": str(retry)})
     if sse:
         key, limit = "stream_timeout", ctx.seconds(ctx.live.stream_timeout)
         timing: dict[str, Any] = {"timeout": limit}
@@ -64,8 +72,9 @@ async def run_turn(
         return overloaded(ctx.cfg.retry_after)
     parser = OutputParser(prompt.parser)
     kw = dict(tokenizer=ctx.loaded.tokenizer, started=arrival, logprobs=params.logprobs,
-              timeout_message=timeout_message(key, limit), timeout_code=timeout_code)
+              timeout_message=timeout_message(key, limit), timeout_code=timeout_code, abort_error=abort_error)
     route = f"{request.method} {request.path}"
+    ctx.http_streams.add(stream)
     try:
         async with stream:
             if sse:
@@ -86,6 +95,8 @@ async def run_turn(
         if ctx.cfg.access_log:
             log.info("%s %s: client went away; aborted", route, encoder.id)
         raise
+    finally:
+        ctx.http_streams.discard(stream)
     ctx.metrics.finished(endpoint, "sse" if sse else "http", outcome, time.monotonic() - arrival)
     log_outcome(route, encoder.id, outcome, enabled=ctx.cfg.access_log)
     return outcome

@@ -1,11 +1,14 @@
 """Prometheus metrics (prometheus-client), one registry per app (tests run several apps).
 
 Server: ``ignis_responses_sockets`` (open WebSocket connections),
+``ignis_responses_sockets_opened_total`` (connections ever opened),
 ``ignis_responses_queued_requests`` (socket requests waiting for the engine),
 ``ignis_requests_total{endpoint,transport,status}``, token counters, and the latency
 histograms ``ignis_time_to_first_token_seconds`` and
 ``ignis_e2e_request_latency_seconds`` (both by endpoint; end to end = arrival to the
-terminal event, queueing included).
+terminal event, queueing included). ``ignis_prompt_tokens_tokenized_total`` and
+``ignis_prompt_tokens_reused_total``: prompt tokens tokenized, and taken from the
+renderer's token cache instead (ignis/model/token_cache.py).
 
 Engine (read from `AsyncEngine.stats` at scrape time): running / waiting / in-flight
 requests, free and total KV blocks, prefix-cache hit and query tokens, preemptions,
@@ -73,13 +76,32 @@ class _EngineCollector(Collector):
             yield c
 
 
+class _TokenCacheCollector(Collector):
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, value in (
+            ("ignis_prompt_tokens_tokenized", "Prompt tokens the tokenizer ran over.", self.cache.tokenized),
+            ("ignis_prompt_tokens_reused", "Prompt tokens taken from the token cache instead (text seen before).",
+             self.cache.reused),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(value))
+            yield c
+
+
 class Metrics:
-    def __init__(self, engine: Any, *, queued: Callable[[], int], sockets: Callable[[], int]) -> None:
+    def __init__(self, engine: Any, *, queued: Callable[[], int], sockets: Callable[[], int],
+                 token_cache: Any = None) -> None:
         disable_created_metrics()  # no `*_created` series next to every counter (process-wide)
         self.registry = r = CollectorRegistry(auto_describe=True)
         Gauge("ignis_responses_sockets", "Open Responses WebSocket connections.", registry=r).set_function(
             lambda: float(sockets())
         )
+        # Beside the gauge: whether clients multiplex streams over one socket or open many.
+        self.sockets_opened = Counter("ignis_responses_sockets_opened", "Responses WebSocket connections opened.",
+                                      registry=r)
         Gauge("ignis_responses_queued_requests", "Socket requests waiting for room in the engine (server-wide FIFO).",
               registry=r).set_function(lambda: float(queued()))
         self.requests = Counter("ignis_requests", "Finished generation requests.", ["endpoint", "transport", "status"],
@@ -95,6 +117,8 @@ class Metrics:
         self.e2e = Histogram("ignis_e2e_request_latency_seconds", "Arrival to the terminal event.", ["endpoint"],
                              buckets=_LATENCY, registry=r)
         r.register(_EngineCollector(engine))
+        if token_cache is not None:
+            r.register(_TokenCacheCollector(token_cache))
 
     def finished(self, endpoint: str, transport: str, outcome: Outcome, e2e: float) -> None:
         self.requests.labels(endpoint, transport, outcome.status).inc()

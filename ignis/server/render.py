@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ignis.model.chat_template import ChatTemplate, ChatTemplateError, encode_chat
+from ignis.model.token_cache import TokenCache, TokenCount
+from ignis.model.tokenizer import Tokenizer
 from ignis.output_parser import ParserConfig
 from protocol.conversation import (
     ChatMessage,
@@ -60,6 +62,7 @@ class Prompt:
     ids: list[int]
     parser: ParserConfig  # how to read the output (reasoning / tool tags, per request)
     truncated: int = 0  # messages dropped by truncation "auto"
+    tokenized: int = 0  # tokens the tokenizer ran over (the rest came from the token cache)
 
 
 def hermes_tools_block(tools: Sequence[FunctionTool], choice: ToolChoice) -> str:
@@ -83,6 +86,9 @@ class Renderer:
     def __init__(self, tokenizer: Any, template: ChatTemplate, *, reasoning: bool | None = None) -> None:
         self.tokenizer = tokenizer
         self.template = template
+        # The whole conversation is rendered every turn (cheap) but only text not seen
+        # before is tokenized (see ignis/model/token_cache.py): same ids as a full pass.
+        self.token_cache = TokenCache(tokenizer) if isinstance(tokenizer, Tokenizer) else None
         source = "\n".join(template.templates.values())
         self.has_developer = "developer" in source
         # Qwen3-style think tags: parse reasoning out of the output.
@@ -191,6 +197,7 @@ class Renderer:
         thinking: bool | None = None,
         generation: bool = True,
         param: str = "input",
+        count: TokenCount | None = None,
     ) -> list[int]:
         msgs, native = self.adapt(messages, tools, choice)
         try:
@@ -201,6 +208,8 @@ class Renderer:
                 tools=to_template_tools(native) if native else None,
                 add_generation_prompt=generation,
                 enable_thinking=thinking,
+                token_cache=self.token_cache,
+                token_count=count,
             )
         except ChatTemplateError as exc:
             if exc.raised:  # the template refused this conversation: the client's to fix
@@ -224,7 +233,8 @@ class Renderer:
         """Render and tokenize; with `truncate` (Responses ``truncation: "auto"``) drop the
         oldest non-system messages until the prompt fits in `max_tokens`."""
         messages = list(messages)
-        ids = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param)
+        count = TokenCount()
+        ids = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param, count=count)
         dropped = 0
         if truncate and max_tokens is not None:
             while len(ids) > max_tokens:
@@ -234,7 +244,8 @@ class Renderer:
                 del messages[first]
                 dropped += 1
                 try:
-                    ids = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param)
+                    ids = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param,
+                                      count=count)
                 except Refusal:
                     continue  # e.g. a tool result without its call: drop more
         if not ids:
@@ -245,4 +256,5 @@ class Renderer:
         if self.reasoning_tags and generation:
             tail = self.tokenizer.decode(ids[-6:], skip_special_tokens=False)
             starts = tail.rstrip().endswith("<think>")
-        return Prompt(ids, ParserConfig(reasoning=self.reasoning_tags, tools=tools_on, starts_in_reasoning=starts), dropped)
+        return Prompt(ids, ParserConfig(reasoning=self.reasoning_tags, tools=tools_on, starts_in_reasoning=starts), dropped,
+                      count.tokenized)

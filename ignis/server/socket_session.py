@@ -18,7 +18,8 @@ Rules (one `SocketSession` per connection):
   are published to the prefix cache; the response completes with no output and an id
   to chain from; the next turn reports those tokens as cached.
 - Lanes: ``stream_id`` (1-256 chars of ``[A-Za-z0-9_.-]``), at most 32 per connection
-  (the default lane, no ``stream_id``, does not count). Requests run in order within a
+  (the default lane, no ``stream_id``, does not count; the 33rd gets
+  ``websocket_stream_limit_reached``). Requests run in order within a
   lane and concurrently across lanes, at most 16 lanes active per connection (the rest
   wait their turn).
 - Admission: when the engine is full a request gets ``response.created`` +
@@ -29,7 +30,8 @@ Rules (one `SocketSession` per connection):
   status ``cancelled`` (a ``response.incomplete`` event). Closing the socket cancels
   everything it had; the engine frees their KV blocks.
 - ``response.steer`` -> ``error`` ``steering_not_supported``. A bad frame (not JSON,
-  binary, unknown type, a refused request) -> an ``error`` frame; the socket stays open.
+  binary, unknown type, over server.max_request_bytes, a refused request) -> an ``error``
+  frame; the socket stays open.
 - No time limit on the connection. Idle close: nothing live (running, queued or
   waiting) and no text or binary frame from the client (pings do not count) for
   server.socket_idle_close seconds (counted from the later of the last frame and the
@@ -49,9 +51,11 @@ from typing import Any
 from sanic import Request
 from websockets.protocol import State
 
+from ignis.engine.async_engine import EngineDeadError
 from ignis.output_parser import OutputParser
 from ignis.server.access import access_log, log_outcome
 from ignis.server.context import ServerContext
+from ignis.server.errors import engine_unavailable, shutting_down
 from ignis.server.generation import drive
 from ignis.server.http_turn import timeout_message
 from ignis.server.responses_http import prepare
@@ -133,7 +137,11 @@ class Job:
         self.encoder = enc
         limit = ctx.seconds(ctx.live.stream_timeout)
 
+        announced = False
+
         async def notice() -> None:
+            nonlocal announced
+            announced = True
             await s.send(enc.start())
 
         try:
@@ -145,6 +153,11 @@ class Job:
                 s.remember(self.sid, self.id, items, enc)
                 return
             raise
+        except EngineDeadError:  # as HTTP's 503: the engine thread is gone
+            refusal = engine_unavailable()
+            ctx.metrics.refused("responses", refusal.status)
+            await s.send(enc.fail(refusal.message) if announced else [error_event(refusal, self.sid)])
+            return
         self.engine_stream = stream
         async with stream:
             if self.cancel_requested:
@@ -252,6 +265,11 @@ class SocketSession:
             self._cancel_everything()
 
     async def _on_frame(self, data: str | bytes) -> None:
+        limit = self.ctx.cfg.max_request_bytes
+        if len(data) * 4 > limit and len(data.encode("utf-8") if isinstance(data, str) else data) > limit:
+            await self.error(Refusal(f"The message is too large: at most {limit} bytes (server.max_request_bytes).",
+                                     param=None, code="request_too_large", status=413))
+            return
         if not isinstance(data, str):
             await self.error(Refusal("Binary frames are not supported: send each event as a JSON text frame.",
                                      param=None, code="invalid_frame"))
@@ -266,9 +284,12 @@ class SocketSession:
 
     async def _create(self, ev: CreateEvent) -> None:
         sid = ev.stream_id
+        if self.ctx.draining:
+            await self.error(shutting_down(self.ctx.cfg.retry_after), sid)
+            return
         if sid is not None and sid not in self.lanes and sum(k is not None for k in self.lanes) >= MAX_STREAMS:
             await self.error(Refusal(f"At most {MAX_STREAMS} stream_id values per connection.", param="stream_id",
-                                     code="too_many_streams"), sid)
+                                     code="websocket_stream_limit_reached"), sid)
             return
         try:
             self.ctx.check_model(ev.request.model)
@@ -368,6 +389,31 @@ class SocketSession:
             elif job.engine_stream is not None:
                 job.engine_stream.abort()
 
+    async def cancel_all(self, *, running: bool) -> int:
+        """Server shutdown: cancel every response not started in the engine yet (waiting in
+        its lane, preparing, queued), and with `running` the running ones too; each ends
+        with its terminal event. Returns how many running ones were cancelled."""
+        for lane in list(self.lanes.values()):
+            for job in list(lane.pending):
+                lane.pending.remove(job)
+                self._finished(job)
+                try:
+                    await job.cancel_unstarted()
+                except _Gone:
+                    pass
+        cut = 0
+        for job in list(self.jobs.values()):
+            if job.task is None:
+                continue
+            if job.engine_stream is None or running:
+                cut += job.engine_stream is not None
+                job.cancel()
+        return cut
+
+    async def close(self, code: int, reason: str) -> None:
+        self.close_reason = reason
+        await self.ws.close(code, reason)
+
     @property
     def busy(self) -> bool:
         return bool(self.jobs)
@@ -391,6 +437,7 @@ async def responses_socket(request: Request, ws: Any) -> None:
     peer = f"{request.ip}:{request.port}"
     session = SocketSession(ctx, ws, peer)
     ctx.sockets.add(session)
+    ctx.metrics.sockets_opened.inc()
     extensions = ",".join(type(e).__name__ for e in getattr(ws.ws_proto, "extensions", []))
     if ctx.cfg.access_log:
         access_log.info("%s socket open GET /v1/responses%s", peer, f" ({extensions})" if extensions else "")

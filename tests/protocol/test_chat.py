@@ -592,6 +592,8 @@ def mutated_bodies(draw):
             parent[last]  # still there after an earlier mutation?
         except (KeyError, IndexError, TypeError):
             continue
+        if not isinstance(parent, (dict, list)):  # an earlier mutation made it a string
+            continue
         action = draw(st.sampled_from(["replace", "delete", "add_key"]))
         if action == "replace":
             parent[last] = draw(json_values)

@@ -23,7 +23,8 @@ LONG = {"temperature": 0, "max_output_tokens": 20000}
 def make_config(*, engine: dict | None = None, **server: Any) -> IgnisConfig:
     eng = dict(kernel_backend=KernelBackend.torch, num_kv_blocks=2048, cpu_threads=1, max_num_seqs=16)
     eng.update(engine or {})
-    srv = dict(host="127.0.0.1", port=0, api_key=KEY, model_aliases=["fake-model"], access_log=True)
+    # shutdown_grace: a test server stopped with responses still running waits that long.
+    srv = dict(host="127.0.0.1", port=0, api_key=KEY, model_aliases=["fake-model"], access_log=True, shutdown_grace=1)
     srv.update(server)
     return IgnisConfig(engine=EngineConfig(**eng), server=ServerConfig(**srv))
 

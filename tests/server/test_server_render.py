@@ -79,3 +79,40 @@ def test_client_text_stays_text_and_template_refusals_are_400(tokenizer):
     with pytest.raises(Refusal) as info:
         strict.render([ChatMessage("user", "a")], [], ToolChoice("auto"), param="messages")
     assert info.value.status == 400 and info.value.param == "messages" and "alternate" in info.value.message
+
+
+def _codex_conversations():
+    import json
+    from pathlib import Path
+
+    from protocol.decode import decode_request
+    from protocol.responses_conversation import to_conversation
+
+    data = Path(__file__).resolve().parent.parent / "protocol" / "data" / "codex_requests.jsonl"
+    for line in data.read_text().splitlines():
+        entry = json.loads(line)
+        body = entry.get("body") or {k: v for k, v in entry["frame"].items() if k not in ("type", "generate")}
+        body = dict(body, tools=[t for t in body.get("tools") or () if t.get("type") == "function"])
+        body.pop("previous_response_id", None)
+        body.pop("text", None)  # output schemas (refused by ignis) change nothing here
+        yield to_conversation(decode_request(body, transport="http", reasoning_key=b"k" * 32))
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_token_cache_renders_codex_conversations_to_the_same_ids(tokenizer, which):
+    """Every recorded Codex conversation: the renderer's token cache (cold, then warm)
+    gives the ids of tokenizing the whole prompt, and a repeat tokenizes only the tail."""
+    from tokenizer_oracles import smollm2_template, smollm2_tokenizer
+
+    tok, template = (tokenizer, ChatTemplate(CHAT_TEMPLATE)) if which == "tiny" else (
+        smollm2_tokenizer(), smollm2_template())
+    cached, plain = Renderer(tok, template), Renderer(tok, template)
+    assert cached.token_cache is not None and cached.token_cache.enabled
+    plain.token_cache = None
+    for conv in _codex_conversations():
+        args = (conv.messages, conv.tools, conv.tool_choice)
+        want = plain.render(*args).ids
+        first = cached.render(*args)
+        again = cached.render(*args)
+        assert first.ids == want and again.ids == want
+        assert again.tokenized == 0 and first.tokenized <= len(want)

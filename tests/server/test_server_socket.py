@@ -54,6 +54,42 @@ def test_prewarm_then_continuation_with_only_new_items(srv):
     assert again.usage.input_tokens == r2["usage"]["input_tokens"]
 
 
+def test_continuations_tokenize_only_their_new_text(srv):
+    """The history of a continuation is rendered again but its text comes from the token
+    cache: each turn tokenizes about what it adds, its prompt is the full render's (as long
+    as a cache-less render of the whole conversation), and the prior prompt is cached."""
+    from ignis.server.render import Renderer
+    from protocol.decode import decode_request
+    from protocol.responses_conversation import to_conversation
+
+    ctx = srv.ctx
+    fresh = Renderer(ctx.loaded.tokenizer, ctx.loaded.chat_template, reasoning=ctx.loaded.reasoning)
+    fresh.token_cache = None
+    history = [{"type": "message", "role": "developer",
+                "content": "Keep every answer short and exact, and explain nothing unless asked. " * 40}]
+    with client(srv).responses.connect() as conn:
+        f = Frames(conn)
+        prev, prev_input = None, 0
+        for turn in range(4):
+            new = [{"type": "message", "role": "user", "content": f"Question {turn}: what is {turn} + {turn}?"}]
+            before = metric(srv, "ignis_prompt_tokens_tokenized_total")
+            if prev is None:
+                _create(conn, input=history + new, max_output_tokens=4)
+            else:
+                _create(conn, input=new, previous_response_id=prev, max_output_tokens=4)
+            r = _response_of(f.terminal())
+            tokenized = metric(srv, "ignis_prompt_tokens_tokenized_total") - before
+            history = [*history, *new]
+            if prev is not None:
+                assert tokenized < 40 < r["usage"]["input_tokens"] / 10, (turn, tokenized, r["usage"])
+                assert r["usage"]["input_tokens_details"]["cached_tokens"] >= (prev_input // 16) * 16
+            req = decode_request({"model": "tiny", "input": history}, transport="http", reasoning_key=ctx.reasoning_key)
+            conv = to_conversation(req)
+            assert r["usage"]["input_tokens"] == len(fresh.render(conv.messages, conv.tools, conv.tool_choice).ids)
+            history = [*history, *r["output"]]
+            prev, prev_input = r["id"], r["usage"]["input_tokens"]
+
+
 def test_unknown_previous_response_id_then_the_socket_goes_on(srv):
     with client(srv).responses.connect() as conn:
         f = Frames(conn)
@@ -156,7 +192,8 @@ def test_steer_is_refused(srv):
         (b"\x00\x01binary", "invalid_frame", None),
         (json.dumps({"type": "response.nope"}), "invalid_value", "type"),
         (json.dumps({"input": "x"}), "missing_required_parameter", "type"),
-        (json.dumps({"type": "response.create", "input": "x", "stream_id": "no spaces"}), "invalid_value", "stream_id"),
+        (json.dumps({"type": "response.create", "input": "x", "stream_id": "no spaces"}), "invalid_stream_id",
+         "stream_id"),
         (json.dumps({"type": "response.create", "model": "tiny", "input": "x", "bogus": True}), "unknown_parameter",
          "bogus"),
         (json.dumps({"type": "response.create", "input": "x"}), "missing_required_parameter", "model"),
@@ -188,7 +225,7 @@ def test_stream_limits(srv):
             elif ev["type"] == "response.completed":
                 finished += 1
         assert finished == 32 and [e["stream_id"] for e in errors] == ["s32"]
-        assert errors[0]["error"]["code"] == "too_many_streams"
+        assert errors[0]["error"]["code"] == "websocket_stream_limit_reached"
     with client(srv).responses.connect() as conn:
         f = Frames(conn)
         for i in range(20):
