@@ -4,6 +4,7 @@
     .venv/bin/python experiments/bench_engine.py --threads 1 --max-tokens 64 --no-hf
     .venv/bin/python experiments/bench_engine.py --record experiments/RESULTS.md
     .venv/bin/python experiments/bench_engine.py --profile 64         # top ops of one decode step
+    .venv/bin/python experiments/bench_engine.py --temperature 1      # sampled (OpenAI's defaults), not greedy
     .venv/bin/python -m pytest experiments/bench_engine.py --benchmark-only -q   # per-step timings
 
 N distinct chat prompts (~40 tokens) are submitted together and decoded greedily for
@@ -59,14 +60,14 @@ def best_of(runs: list[Run]) -> Run:
     return max(runs, key=lambda r: r.decode_tps)
 
 
-def run_ignis(loaded, prompts: list[list[int]], max_tokens: int) -> Run:
+def run_ignis(loaded, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0) -> Run:
     from ignis.config import EngineConfig
     from ignis.engine import LLMEngine, SamplingParams
 
     n = len(prompts)
     blocks = n * (-(-(max(map(len, prompts)) + max_tokens) // 16) + 1)
     engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max(n, 1), num_kv_blocks=blocks))
-    params = SamplingParams.greedy(max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
     engine.generate(prompts[:1], SamplingParams.greedy(4))  # warm-up (allocator, oneDNN kernels)
     for i, p in enumerate(prompts):
         engine.add_request(f"b{i}", p, params)
@@ -99,7 +100,7 @@ def load_hf():
 
 
 @torch.inference_mode()
-def run_hf(hf, prompts: list[list[int]], max_tokens: int, pad_id: int) -> Run:
+def run_hf(hf, prompts: list[list[int]], max_tokens: int, pad_id: int, temperature: float = 0.0) -> Run:
     n = len(prompts)
     width = max(map(len, prompts))
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -111,7 +112,8 @@ def run_hf(hf, prompts: list[list[int]], max_tokens: int, pad_id: int) -> Run:
     def gen(new: int) -> float:
         t = time.perf_counter()
         hf.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+            input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+            **(dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)),
             pad_token_id=pad_id, eos_token_id=None,
         )
         return time.perf_counter() - t
@@ -169,6 +171,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0 = greedy (default); else sampled at this temperature, top_p 1, no top_k (OpenAI's defaults)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per configuration; the fastest counts")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
     ap.add_argument("--hf-concurrency", type=int, nargs="*", default=None, help="default: same as --concurrency")
@@ -194,9 +198,9 @@ def main() -> None:
         # ignis and transformers take turns, so that both meet the same machine.
         mine, theirs = [], []
         for _ in range(args.repeat):
-            mine.append(run_ignis(loaded, all_prompts[:n], args.max_tokens))
+            mine.append(run_ignis(loaded, all_prompts[:n], args.max_tokens, args.temperature))
             if hf is not None and n in hf_ns:
-                theirs.append(run_hf(hf, all_prompts[:n], args.max_tokens, pad))
+                theirs.append(run_hf(hf, all_prompts[:n], args.max_tokens, pad, args.temperature))
         runs.append(best_of(mine))
         print(f"ignis {n:>3} concurrent: {runs[-1].decode_tps:.1f} decode tok/s", file=sys.stderr)
         if theirs:

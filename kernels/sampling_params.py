@@ -45,7 +45,9 @@ def _as_int64(seed: int) -> int:
     return seed - (1 << 64) if seed >= 1 << 63 else seed
 
 
-def _pad(rows: Sequence[Sequence[int]], device: torch.device | str) -> torch.Tensor | None:
+def _pad(rows: Sequence[Sequence[int]] | torch.Tensor, device: torch.device | str) -> torch.Tensor | None:
+    if isinstance(rows, torch.Tensor):  # already [B, S], -1 padded (an engine's own buffers)
+        return rows.to(device) if rows.numel() else None
     width = max((len(r) for r in rows), default=0)
     if width == 0:
         return None
@@ -99,6 +101,8 @@ class SamplingTensors:
 
         A row whose seed is None gets a fresh random one (OpenAI: no seed, no
         reproducibility). Token lists are padded with -1; all-empty lists become None.
+        `prompt_tokens` / `output_tokens` may also be given padded already, as one
+        [B, S] integer tensor.
         """
         n = len(temperature)
 

@@ -12,6 +12,7 @@ reading the sampled ids back.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,34 @@ from ignis.model.transformer import Transformer
 from kernels.sampling import SamplingTensors, sample
 
 log = logging.getLogger(__name__)
+
+
+_NO_IDS = np.empty(0, dtype=np.int32)
+
+
+class _PenaltyIds:
+    """One sequence's token ids as int32 arrays for the penalties: the prompt, copied once,
+    and the output, appended to as it grows (capacity doubles)."""
+
+    __slots__ = ("prompt", "output", "n")
+
+    def __init__(self, seq: Sequence) -> None:
+        self.prompt = np.asarray(seq.token_ids[: seq.num_prompt_tokens], dtype=np.int32)
+        self.output = np.empty(64, dtype=np.int32)
+        self.n = 0
+
+    def sync(self, seq: Sequence) -> tuple[np.ndarray, np.ndarray]:
+        total = seq.num_output_tokens
+        if total < self.n:  # never happens today (outputs only grow): start over
+            self.n = 0
+        if total > self.n:
+            if total > len(self.output):
+                grown = np.empty(max(total, 2 * len(self.output)), dtype=np.int32)
+                grown[: self.n] = self.output[: self.n]
+                self.output = grown
+            self.output[self.n : total] = seq.token_ids[seq.num_prompt_tokens + self.n :]
+            self.n = total
+        return self.prompt, self.output[: self.n]
 
 
 @dataclass
@@ -70,6 +99,7 @@ class ModelRunner:
             and "attention_op" in AttentionMetadata.__dataclass_fields__
         )
         self._copied: torch.cuda.Event | None = None
+        self._penalty_ids: weakref.WeakKeyDictionary[Sequence, _PenaltyIds] = weakref.WeakKeyDictionary()
         if self.on_cuda:  # pinned host buffers: one non-blocking copy each per step
             pin = {"pin_memory": True}
             self._host = {
@@ -194,6 +224,28 @@ class ModelRunner:
                 logprobs.append(float("nan"))
         return tokens, logprobs, errors
 
+    def _penalty_tokens(self, rows: list[Sequence]) -> dict[str, torch.Tensor]:
+        """The rows' prompt and output ids for the penalties, [B, S] int32 padded with -1
+        (empty for rows without penalties), from per-sequence numpy copies that grow by the
+        new tokens only: no Python list of the whole context is converted each step."""
+        arrays = []
+        for s in rows:
+            if not s.params.uses_penalties:
+                arrays.append(None)
+                continue
+            ids = self._penalty_ids.get(s)
+            if ids is None:
+                ids = self._penalty_ids[s] = _PenaltyIds(s)
+            arrays.append(ids.sync(s))
+        out = {}
+        for k, name in enumerate(("prompt_tokens", "output_tokens")):
+            parts = [a[k] if a is not None else _NO_IDS for a in arrays]
+            padded = np.full((len(parts), max(len(p) for p in parts)), -1, dtype=np.int32)
+            for row, p in enumerate(parts):
+                padded[row, : len(p)] = p
+            out[name] = torch.from_numpy(padded)
+        return out
+
     def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> tuple[list[int], list[float] | None]:
         want_logprobs = any(s.params.logprobs for s in rows)
         penalties = any(s.params.uses_penalties for s in rows)
@@ -211,10 +263,7 @@ class ModelRunner:
             frequency_penalty=[x.frequency_penalty for x in p],
             seed=[s.seed for s in rows],
             step=[s.num_output_tokens for s in rows],
-            prompt_tokens=[s.token_ids[: s.num_prompt_tokens] if s.params.uses_penalties else [] for s in rows]
-            if penalties else None,
-            output_tokens=[s.token_ids[s.num_prompt_tokens :] if s.params.uses_penalties else [] for s in rows]
-            if penalties else None,
+            **(self._penalty_tokens(rows) if penalties else {}),
             device=logits.device,
         )
         # Penalties go on a copy, never in place: a failed batched call is retried row by

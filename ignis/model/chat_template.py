@@ -25,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ignis.model.client_text import Neutralizer, plain_data
 
 if TYPE_CHECKING:
+    from ignis.model.token_cache import TokenCache, TokenCount
     from ignis.model.tokenizer import Tokenizer
 
 
@@ -297,6 +298,8 @@ def encode_chat(
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = True,
     enable_thinking: bool | None = None,
+    token_cache: TokenCache | None = None,
+    token_count: TokenCount | None = None,
     **kwargs: Any,
 ) -> list[int]:
     """Render and tokenize a conversation. Special tokens come only from the template's own
@@ -318,6 +321,9 @@ def encode_chat(
     `reasoning_content` instead. A template that builds a token out of client text by other
     means (`'<|' + message.role + '|>'`, slicing) is not covered: roles must be validated by
     the caller.
+
+    `token_cache` (an `ignis.model.token_cache.TokenCache` of this tokenizer) gives the same
+    ids while tokenizing only text it has not seen; `token_count` adds up what it did.
     """
     def render(messages_: Any, tools_: Any, kwargs_: dict[str, Any]) -> str:
         return template.render(
@@ -332,19 +338,28 @@ def encode_chat(
         [messages, tools, kwargs], avoid="".join(template.templates.values())
     )
     if not originals:  # the ordinary case: one pass, exactly as transformers tokenizes
-        return tokenizer.encode(render(messages, tools, kwargs), special=True, add_bos=False)
+        text = render(messages, tools, kwargs)
+        if token_cache is not None:
+            return token_cache.encode(text, token_count)
+        ids = tokenizer.encode(text, special=True, add_bos=False)
+        if token_count is not None:
+            token_count.tokenized += len(ids)
+        return ids
     text = render(*neutral)
-
-    def plain(piece: str) -> list[int]:
-        return tokenizer.encode(Neutralizer.restore(piece, originals), special=False, add_bos=False)
-
-    ids: list[int] = []
-    position = 0
-    for start, end, token_id in tokenizer.added_token_spans(text):
-        ids += plain(text[position:start])
+    spans = (token_cache or tokenizer).added_token_spans(text)
+    starts = [0] + [end for _, end, _ in spans]
+    stops = [start for start, _, _ in spans] + [len(text)]
+    pieces = [Neutralizer.restore(text[a:b], originals) for a, b in zip(starts, stops)]
+    if token_cache is not None:
+        plain = token_cache.encode_plain(pieces, token_count)
+    else:
+        plain = [tokenizer.encode(p, special=False, add_bos=False) for p in pieces]
+        if token_count is not None:
+            token_count.tokenized += sum(map(len, plain))
+    ids: list[int] = list(plain[0])
+    for (_, _, token_id), piece_ids in zip(spans, plain[1:]):
         ids.append(token_id)
-        position = end
-    ids += plain(text[position:])
+        ids += piece_ids
     return ids
 
 

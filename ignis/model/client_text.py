@@ -56,6 +56,10 @@ class Neutralizer:
         self._heads = {t[:k] for t in tokens for k in range(2, len(t))}  # proper prefixes
         self._tails = {t[k:] for t in tokens for k in range(1, len(t) - 1)}  # proper suffixes
         self._longest = len(tokens[0]) if tokens else 0
+        # The edge searches as regexes (longest alternative first: a match is the longest
+        # fragment there): tails matched at a string's start, heads reversed at its end.
+        self._tail_at = _longest_first(self._tails)
+        self._head_at_end = _longest_first(h[::-1] for h in self._heads)
 
     def neutralize(self, value: Any, *, avoid: str = "") -> tuple[Any, dict[str, str]]:
         """(copy of `value` with markup swapped, {placeholder: original}). The map is empty
@@ -87,11 +91,16 @@ class Neutralizer:
         spans = [m.span() for m in self._pattern.finditer(s)]
         start, end = len(s) - len(s.lstrip()), len(s.rstrip())
         limit = min(self._longest - 1, end - start)
-        # Longest fragment at each (whitespace-trimmed) edge, unless a whole token is there.
-        head = next((k for k in range(limit, 1, -1) if s[start : start + k] in self._tails), 0)
+        # Longest fragment at each (whitespace-trimmed) edge, unless a whole token is there:
+        # the longest k <= limit with s[start:start + k] in tails, and with s[end - k:end] in heads.
+        head = tail = 0
+        if limit >= 2:
+            if self._tail_at is not None and (m := self._tail_at.match(s, start, start + limit)):
+                head = m.end() - start
+            if self._head_at_end is not None and (m := self._head_at_end.match(s[end - limit : end][::-1])):
+                tail = m.end()
         if head and not any(a < start + head and b > start for a, b in spans):
             spans.append((start, start + head))
-        tail = next((k for k in range(limit, 1, -1) if s[end - k : end] in self._heads), 0)
         if tail and not any(a < end and b > end - tail for a, b in spans):
             spans.append((end - tail, end))
         return sorted(set(spans))
@@ -105,6 +114,11 @@ class Neutralizer:
             position = b
         pieces.append(s[position:])
         return "".join(pieces)
+
+
+def _longest_first(texts: Iterable[str]) -> re.Pattern[str] | None:
+    texts = sorted(set(texts), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, texts))) if texts else None
 
 
 def _strings(value: Any) -> Iterable[str]:

@@ -347,6 +347,18 @@ class Tokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def encode_batch(self, texts: Sequence[str], *, special: bool = False) -> list[list[int]]:
+        """`encode(t, special=special, add_bos=False)` of each text, in one call (the Rust
+        side may spread a batch over threads)."""
+        if len(texts) == 1:
+            return [self.encode(texts[0], special=special, add_bos=False)]
+        pipeline = self._full if special else self._plain
+        return [e.ids for e in pipeline.encode_batch(list(texts), add_special_tokens=False)]
+
+    def pipeline_json(self) -> str:
+        """The special-parsing pipeline as tokenizers serialises it (its added tokens' rules)."""
+        return self._full.to_str()
+
     def added_token_spans(self, text: str) -> list[tuple[int, int, int]]:
         """(start, end, id) of each added token the special-parsing encoder finds in `text`,
         with the matching rules (lstrip, rstrip...) of the tokenizer itself."""

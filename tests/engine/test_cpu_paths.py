@@ -3,6 +3,8 @@ reference, oneDNN-packed GEMMs vs F.linear."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,3 +81,62 @@ def test_engine_matches_the_simple_generator_with_sliding_windows(tmp_path) -> N
     got = [c.token_ids for c in engine.generate(prompts, SamplingParams.greedy(10, ignore_eos=True))]
     want = generate(loaded.model, prompts, max_new_tokens=10, block_size=4).token_ids
     assert got == want
+
+
+def test_penalty_token_buffers_follow_the_sequences(tiny: LoadedModel) -> None:
+    """The runner's per-sequence penalty arrays (copied once, appended to) give the padded
+    lists of the whole prompt and output, step after step; rows without penalties are empty."""
+    from kernels.sampling_params import _pad
+
+    engine = LLMEngine(tiny, EngineConfig(num_kv_blocks=64, block_size=4))
+    pen = SamplingParams(max_tokens=40, temperature=1.0, seed=3, repetition_penalty=1.3, frequency_penalty=0.4,
+                         ignore_eos=True)
+    engine.add_request("a", list(range(5, 30)), pen)
+    engine.add_request("b", [7, 8, 9], SamplingParams(max_tokens=40, temperature=1.0, seed=4, ignore_eos=True))
+    engine.add_request("c", [3, 4], SamplingParams(max_tokens=90, temperature=0.5, seed=5, presence_penalty=1.0,
+                                                   ignore_eos=True))
+    for step in range(70):  # past the buffers' first capacity (64 tokens)
+        engine.step()
+        rows = [s for s in engine.seqs.values() if s.num_output_tokens]
+        if not rows or step % 7:
+            continue
+        got = engine.runner._penalty_tokens(rows)
+        uses = [s.params.uses_penalties for s in rows]
+        want_p = _pad([s.token_ids[: s.num_prompt_tokens] if u else [] for s, u in zip(rows, uses)], "cpu")
+        want_o = _pad([s.token_ids[s.num_prompt_tokens :] if u else [] for s, u in zip(rows, uses)], "cpu")
+        assert torch.equal(got["prompt_tokens"], want_p) and torch.equal(got["output_tokens"], want_o)
+
+
+def test_penalised_seeded_request_is_batch_invariant(tiny: LoadedModel) -> None:
+    cfg = EngineConfig(num_kv_blocks=64, block_size=4)
+    pen = SamplingParams(max_tokens=16, temperature=1.0, seed=11, repetition_penalty=1.4, presence_penalty=0.5,
+                         ignore_eos=True)
+    alone = LLMEngine(tiny, cfg).generate([[5, 6, 7, 8]], pen)[0].token_ids
+    others = SamplingParams(max_tokens=16, temperature=0.8, seed=2, frequency_penalty=0.7, ignore_eos=True)
+    batch = LLMEngine(tiny, cfg).generate([list(range(10, 40)), [5, 6, 7, 8], [9]], [others, pen, others])
+    assert batch[1].token_ids == alone
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through /proc")
+def test_release_thread_pool_frees_this_threads_openmp_team() -> None:
+    """AsyncEngine frees the OpenMP team of the thread that built it (ignis/engine/openmp.py):
+    its idle worker threads exit, and the next parallel region builds a team again."""
+    import time
+
+    from ignis.engine.openmp import release_thread_pool
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(512, 512)
+        (x @ x).sum()
+        threads = len(list(Path("/proc/self/task").iterdir()))
+        if not release_thread_pool():
+            pytest.skip("torch's OpenMP runtime offers no omp_pause_resource_all")
+        deadline = time.monotonic() + 10
+        while len(list(Path("/proc/self/task").iterdir())) >= threads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(list(Path("/proc/self/task").iterdir())) < threads
+        torch.testing.assert_close(x @ x, x.double().matmul(x.double()).float(), rtol=1e-4, atol=1e-3)
+    finally:
+        torch.set_num_threads(before)

@@ -217,6 +217,34 @@ def test_keep_mask_matches_brute_force(seed):
             assert allowed - edge <= got <= allowed | edge, f"seed={seed} row={r}: {sorted(got ^ allowed)}"
 
 
+def test_keep_mask_without_rank_filters_is_the_sorted_definition(seed):
+    """A CPU batch with no top_k / top_p row skips the sort: same kept set as the sorted
+    path gives those rows (forced by adding one top_p row to the batch)."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    for _ in range(4):
+        B, V = 16, rng.choice([9, 40, 200])
+        x = random_logits(g, rng, B + 1, V).float()
+        temps = [rng.choice([0.4, 1.0, 1.6]) for _ in range(B)]
+        min_p = [rng.choice([0.0, 0.0, 0.02, 0.2, 1.0]) for _ in range(B)]
+        top_k = [rng.choice([0, -1, V, V + 3]) for _ in range(B)]
+        plain = SamplingTensors.from_lists(temps, min_p=min_p, top_k=top_k)
+        forced = SamplingTensors.from_lists(temps + [1.0], min_p=min_p + [0.0], top_k=top_k + [0], top_p=[1.0] * B + [0.5])
+        assert torch.equal(keep_mask(x[:B], plain), keep_mask(x, forced)[:B]), f"seed={seed}"
+
+
+def test_int32_hash_is_the_int64_definition(seed):
+    """The CPU path's int32 hash gives the same 32 bits as `uniform_bits`."""
+    from kernels.sampling_ref import uniform_bits_i32
+
+    g = torch.Generator().manual_seed(seed)
+    seeds = torch.cat([torch.tensor([0, -1, 2**63 - 1, -(2**63)]), torch.randint(-(2**62), 2**62, (12,), generator=g)])
+    k0, k1 = row_keys(seeds, torch.randint(0, 2**40, (16,), generator=g))
+    tokens = torch.cat([torch.arange(4096), torch.tensor([2**31 - 1])])  # token ids fit in int32
+    want = uniform_bits(k0[:, None], k1[:, None], tokens)
+    got = uniform_bits_i32(k0[:, None], k1[:, None], tokens)
+    assert got.dtype == torch.int32 and torch.equal(got.long() & 0xFFFFFFFF, want), f"seed={seed}"
+
+
 SETTINGS = [
     {"t": 1.0},
     {"t": 0.7, "k": 5},

@@ -497,3 +497,37 @@ def test_neutralizer_swaps_only_markup() -> None:
     assert not any(t in flat for t in ("<think>", "<|im_", "start|>"))
     assert Neutralizer.restore(flat, originals) == json.dumps(data, ensure_ascii=False)
     assert all(len(p) == 24 and p.isdigit() for p in originals)
+
+
+def test_neutralizer_edge_fragments_are_the_longest_at_each_edge() -> None:
+    """The edge search (regexes) against its definition: the longest proper suffix of a
+    token at a string's trimmed start, the longest proper prefix at its end, unless a
+    whole token overlaps it."""
+    import random
+
+    from ignis.model.client_text import Neutralizer
+
+    tokens = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>"]
+    guard = Neutralizer(tokens)
+
+    def definition(s: str) -> list[tuple[int, int]]:
+        spans = [m.span() for m in guard._pattern.finditer(s)]
+        start, end = len(s) - len(s.lstrip()), len(s.rstrip())
+        limit = min(guard._longest - 1, end - start)
+        head = next((k for k in range(limit, 1, -1) if s[start : start + k] in guard._tails), 0)
+        if head and not any(a < start + head and b > start for a, b in spans):
+            spans.append((start, start + head))
+        tail = next((k for k in range(limit, 1, -1) if s[end - k : end] in guard._heads), 0)
+        if tail and not any(a < end and b > end - tail for a, b in spans):
+            spans.append((end - tail, end))
+        return sorted(set(spans))
+
+    rng = random.Random(5)
+    alphabet = list("ab <|>_/\n ") + ["im_", "start", "end", "|>", "<|", "think", "</", "tool_call>"]
+    for _ in range(20000):
+        parts = [rng.choice(alphabet) for _ in range(rng.randrange(8))]
+        token = rng.choice(tokens)
+        a = rng.randrange(len(token))
+        parts.insert(rng.randrange(len(parts) + 1), token[a : rng.randrange(a, len(token) + 1)])
+        s = "".join(parts)
+        assert guard._risky_spans(s) == definition(s), repr(s)
