@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving import ServerProcess, codex_base, codex_body, tool_output  # noqa: E402
+from serving import ServerProcess, codex_base, codex_body, tool_output
 
 CALL = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "sed -n 1,31p app.py"}}\n</tool_call>'
 SCRIPT = {

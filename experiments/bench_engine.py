@@ -113,7 +113,8 @@ def run_hf(hf, prompts: list[list[int]], max_tokens: int, pad_id: int, temperatu
         t = time.perf_counter()
         hf.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-            **(dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)),
+            **({"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature
+               else {"do_sample": False}),
             pad_token_id=pad_id, eos_token_id=None,
         )
         return time.perf_counter() - t

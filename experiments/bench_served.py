@@ -34,7 +34,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving import ServerProcess, p50, pct  # noqa: E402
+from serving import ServerProcess, p50, pct
 
 TOPICS = ["the ocean", "volcanoes", "the moon", "honey bees", "the Roman empire", "jazz", "glaciers", "octopuses",
           "the printing press", "coffee", "black holes", "chess", "rainforests", "trains", "the human heart",

@@ -43,7 +43,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serving import codex_body, codex_history, p50, pct  # noqa: E402
+from serving import codex_body, codex_history, p50, pct
 
 
 def main() -> None:
@@ -54,6 +54,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    import gguf
+
     from ignis.model.chat_template import ChatTemplate
     from ignis.model.embedded import smollm2_gguf_path
     from ignis.model.tokenizer import Tokenizer
@@ -66,8 +68,6 @@ def main() -> None:
     from protocol.response import Usage
     from protocol.socket_events import decode_frame
     from protocol.stream import ResponseStream
-
-    import gguf
 
     reader = gguf.GGUFReader(smollm2_gguf_path())
     tokenizer, template = Tokenizer.from_gguf(reader), ChatTemplate.from_gguf(reader)

@@ -38,7 +38,7 @@ class _PenaltyIds:
     """One sequence's token ids as int32 arrays for the penalties: the prompt, copied once,
     and the output, appended to as it grows (capacity doubles)."""
 
-    __slots__ = ("prompt", "output", "n")
+    __slots__ = ("n", "output", "prompt")
 
     def __init__(self, seq: Sequence) -> None:
         self.prompt = np.asarray(seq.token_ids[: seq.num_prompt_tokens], dtype=np.int32)

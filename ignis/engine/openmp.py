@@ -5,10 +5,10 @@ Each thread that runs a parallel region gets a team of its own, and its worker t
 stay, idle, after the region ends. The AsyncEngine steps in a thread of its own, but
 the model was loaded (dequantized, packed) in the thread that built it, whose team
 outlives the loading. libgomp then counts more OpenMP threads than CPUs and, for that
-case, makes its workers wait passively (a few spins, then sleep) instead of spinning
-between regions: every one of the step's ~300 parallel regions pays a wake-up. Measured
-here on 2 cores, 64 sequences: 150% CPU and 20-30% fewer tokens/s than the same engine
-stepped in the main thread (195-200%).
+case, throttles its workers' spin-waiting (a few spins, then sleep) between regions:
+each of the hundreds of parallel regions of a step pays a wake-up. Measured here on 2
+cores, 64 sequences: 140-150% CPU and 20-30% fewer tokens/s than the same engine
+stepped in the main thread (195-200%); see experiments/RESULTS.md.
 
 `release_thread_pool()` frees the calling thread's team (OpenMP 5.0's
 `omp_pause_resource_all(omp_pause_soft)`); the next parallel region of that thread

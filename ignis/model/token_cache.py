@@ -34,6 +34,7 @@ import threading
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class TokenCache:
         if not starts or starts[0] != 0:
             starts.insert(0, 0)
         starts.append(len(text))
-        return [text[a:b] for a, b in zip(starts, starts[1:]) if b > a]
+        return [text[a:b] for a, b in pairwise(starts) if b > a]
 
     def _lookup(self, pieces: list[str], *, special: bool, count: TokenCount | None) -> list[array]:
         """The ids of each piece: from the store, else tokenized (all misses in one batch)."""

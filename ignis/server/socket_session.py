@@ -162,13 +162,19 @@ class Job:
         async with stream:
             if self.cancel_requested:
                 stream.abort()
-            await s.send(enc.admitted())
-            outcome = await drive(
-                stream, OutputParser(prompt.parser), enc, s.send,
-                tokenizer=ctx.loaded.tokenizer, started=self.arrival,
-                logprobs=bool(params and params.logprobs),
-                timeout_message=timeout_message("stream_timeout", limit),
-            )
+            try:
+                await s.send(enc.admitted())
+                outcome = await drive(
+                    stream, OutputParser(prompt.parser), enc, s.send,
+                    tokenizer=ctx.loaded.tokenizer, started=self.arrival,
+                    logprobs=bool(params and params.logprobs),
+                    timeout_message=timeout_message("stream_timeout", limit),
+                )
+            except (_Gone, asyncio.CancelledError):
+                # The socket went away under the response (the engine side is aborted as the
+                # stream closes): it still counts, as cancelled.
+                ctx.metrics.requests.labels("responses", "socket", "cancelled").inc()
+                raise
         s.remember(self.sid, self.id, items, enc)
         ctx.metrics.finished("responses", "socket", outcome, time.monotonic() - self.arrival)
         log_outcome("socket", self.id, outcome, stream_id=self.sid, enabled=ctx.cfg.access_log)

@@ -366,6 +366,9 @@ def test_closing_the_socket_cancels_everything(start_server):
             break
         time.sleep(0.05)
     assert metric(srv, "ignis_responses_sockets") == 0
+    # The running response ended by the close is counted (the unstarted ones never began).
+    assert metric(srv, "ignis_requests_total",
+                  'endpoint="responses",status="cancelled",transport="socket"') == 1
 
 
 def test_idle_close_and_its_live_patch(start_server):
