@@ -8,19 +8,12 @@ frame, as decoded) and on each response's usage (conftest.spy), not on the wire.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx2 as httpx
 import pytest
 
 from codex import SMALL_MODEL_INSTRUCTIONS, codex_home, run_codex
-from server_harness import KEY
+from server_harness import KEY, ServedProcess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,36 +73,13 @@ def test_codex_tool_loop_over_the_socket_then_resume(scripted_server, tmp_path, 
     assert usage.cached_tokens >= last_prompt - 16  # the earlier turn's prompt, from the prefix cache
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("websockets", [False, True], ids=["http", "socket"])
 def test_codex_one_turn_with_smollm2(tmp_path, websockets):
     """The product command serving SmolLM2; Codex's own instructions (~4k tokens) are
     replaced in the model catalog so its prompt fits SmolLM2's 8k context."""
-    port = _free_port()
-    env = dict(os.environ, IGNIS_API_KEY=KEY)
-    env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ignis.serve", "+model=smollm2-135m", f"server.port={port}",
-         "engine.max_num_seqs=4", "engine.cpu_threads=2"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("the server did not come up")
+    with ServedProcess("+model=smollm2-135m", "engine.max_num_seqs=4", "engine.cpu_threads=2") as server:
+        base = server.base_url
         home = codex_home(tmp_path / "home", base, model="smollm2-135m", websockets=websockets,
                           instructions=SMALL_MODEL_INSTRUCTIONS, context_window=8192)
         run = run_codex(home, tmp_path / "work", "Say hello in one short sentence.", key=KEY)
@@ -124,11 +94,5 @@ def test_codex_one_turn_with_smollm2(tmp_path, websockets):
         [answer] = run.items("agent_message")
         assert answer["text"].strip()
         assert run.events[-1]["type"] == "turn.completed"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+    out = server.output
     assert KEY not in out

@@ -93,3 +93,57 @@ def metric(srv: Any, name: str, labels: str = "") -> float | None:
         if line.startswith(want + " "):
             return float(line.split()[-1])
     return None
+
+
+class ServedProcess:
+    """`python -m ignis.serve OVERRIDES...` in a subprocess on a free 127.0.0.1 port, the
+    key from IGNIS_API_KEY; a context manager that waits for /health and, on exit, stops
+    it with SIGINT and keeps its whole output in `.output`."""
+
+    def __init__(self, *overrides: str, key: str = KEY, start_timeout: float = 180) -> None:
+        import os
+        import socket
+        import sys
+        from pathlib import Path
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, IGNIS_API_KEY=key)
+        env.pop("TRITON_INTERPRET", None)  # the product runs the torch references on a CPU anyway
+        self.args = [sys.executable, "-m", "ignis.serve", *overrides, f"server.port={port}"]
+        self.cwd, self.env = Path(__file__).resolve().parents[2], env
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.start_timeout = start_timeout
+        self.output = ""
+
+    def __enter__(self) -> "ServedProcess":
+        import subprocess
+
+        self.proc = subprocess.Popen(self.args, cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            while True:
+                assert self.proc.poll() is None, self.proc.stdout.read()
+                try:
+                    if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(0.3)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+        import subprocess
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.output, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.output, _ = self.proc.communicate()

@@ -5,18 +5,11 @@ and the prompt text."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx2 as httpx
 import pytest
 
-from server_harness import Frames, KEY
+from server_harness import KEY, Frames, ServedProcess
 
 REPO = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France?"
@@ -24,36 +17,12 @@ SYSTEM = ("You are a helpful assistant. You answer questions about geography in 
           "naming the place asked about and nothing else. You never add remarks, greetings or lists.")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_serve_smollm2_end_to_end():
     import openai
 
-    port = _free_port()
-    env = dict(os.environ, IGNIS_API_KEY=KEY)
-    env.pop("TRITON_INTERPRET", None)  # the product runs the torch references on a CPU anyway
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ignis.serve", "+model=smollm2-135m", f"server.port={port}",
-         "engine.num_kv_blocks=1024"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.3)
+    with ServedProcess("+model=smollm2-135m", "engine.num_kv_blocks=1024") as server:
+        base = server.base_url
         c = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=120)
         r = c.responses.create(model="smollm2-135m", input=QUESTION, max_output_tokens=24, temperature=0)
         assert "Paris" in r.output_text
@@ -74,13 +43,7 @@ def test_serve_smollm2_end_to_end():
             assert turn["usage"]["input_tokens_details"]["cached_tokens"] > 0
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=base + "/v1", api_key="sk-wrong", max_retries=0).models.list()
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
+    out = server.output
     assert "ignis.access" in out and "socket open" in out
     assert KEY not in out
     assert QUESTION not in out
