@@ -8,14 +8,12 @@ frame, as decoded) and on each response's usage (conftest.spy), not on the wire.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from codex import SMALL_MODEL_INSTRUCTIONS, codex_home, run_codex
 from server_harness import KEY, ServedProcess
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def check_tool_loop(run) -> None:

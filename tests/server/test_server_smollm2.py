@@ -5,13 +5,11 @@ and the prompt text."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from server_harness import KEY, Frames, ServedProcess
 
-REPO = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France?"
 SYSTEM = ("You are a helpful assistant. You answer questions about geography in one short sentence, "
           "naming the place asked about and nothing else. You never add remarks, greetings or lists.")
