@@ -6,10 +6,15 @@ a silently ignored setting. The YAML files under configs/ only choose values.
 
 from __future__ import annotations
 
+import logging
+import sys
 from dataclasses import dataclass, field
+from typing import Any
 from enum import Enum
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 
 # Enums make OmegaConf reject an unknown choice when the config is composed.
@@ -45,6 +50,15 @@ class ModelConfig:
     script: str | None = None
     dtype: DType = DType.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    def missing(self) -> str | None:
+        """The key this format needs and lacks. (A group file's ``???`` does not survive the
+        merge onto the schema's null, so it is checked here.)"""
+        if self.format == ModelFormat.hf and not self.path:
+            return "model.path"
+        if self.format == ModelFormat.scripted and not self.script:
+            return "model.script"
+        return None
 
 
 @dataclass
@@ -120,3 +134,19 @@ def register() -> None:
     cs.store(group="schema/model", name="base", node=ModelConfig)
     cs.store(group="schema/engine", name="base", node=EngineConfig)
     cs.store(group="schema/server", name="base", node=ServerConfig)
+
+
+def config_object(dcfg: DictConfig) -> Any:
+    """The composed config as its dataclass, with logging set up at its `log_level`; a
+    missing mandatory value (`+model=hf` without `model.path=DIR`) exits 2 with one line,
+    not a traceback. Shared by the `ignis.serve` and `ignis.generate` entry points."""
+    logging.basicConfig(level=dcfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = OmegaConf.to_object(dcfg)
+        key = cfg.model.missing() if isinstance(getattr(cfg, "model", None), ModelConfig) else None
+    except MissingMandatoryValue as exc:
+        key = exc.full_key
+    if key is not None:
+        print(f"ignis: missing config value {key} (set it with {key}=...)", file=sys.stderr)
+        sys.exit(2)
+    return cfg

@@ -26,10 +26,9 @@ from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf import DictConfig
 
-from ignis.config import EngineConfig, IgnisConfig, register
+from ignis.config import EngineConfig, IgnisConfig, config_object, register
 from ignis.engine import Completion, LLMEngine, SamplingParams
 from ignis.model import LoadedModel
 
@@ -117,12 +116,7 @@ def run(cfg: GenerateConfig) -> int:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="generate")
 def main(dcfg: DictConfig) -> int:
-    logging.basicConfig(level=dcfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg: GenerateConfig = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
-    except MissingMandatoryValue as exc:
-        print(f"ignis: missing config value {exc.full_key} (set it with {exc.full_key}=...)", file=sys.stderr)
-        sys.exit(2)
+    cfg: GenerateConfig = config_object(dcfg)
     sys.exit(run(cfg))
 
 

@@ -12,10 +12,9 @@ import logging
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf import DictConfig
 
-from ignis.config import IgnisConfig, register
+from ignis.config import IgnisConfig, config_object, register
 
 log = logging.getLogger("ignis.serve")
 
@@ -48,15 +47,7 @@ def run(cfg: IgnisConfig) -> int:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(dcfg: DictConfig) -> int:
-    logging.basicConfig(
-        level=dcfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        cfg: IgnisConfig = OmegaConf.to_object(dcfg)  # type: ignore[assignment]
-    except MissingMandatoryValue as exc:
-        # e.g. `+model=hf` without `model.path=DIR`: one line, not a traceback.
-        print(f"ignis: missing config value {exc.full_key} (set it with {exc.full_key}=...)", file=sys.stderr)
-        sys.exit(2)
+    cfg: IgnisConfig = config_object(dcfg)
     sys.exit(run(cfg))
 
 

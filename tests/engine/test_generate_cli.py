@@ -36,3 +36,13 @@ def test_cli_runs_the_engine(tiny_dir: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "5 generated" in proc.stderr and "tok/s" in proc.stderr
+
+
+def test_a_model_format_without_its_file_is_one_line_and_exit_2() -> None:
+    # `path: ???` in a group file does not survive the merge onto the schema's null, so
+    # `+model=hf` alone used to load the embedded GGUF as a directory (a traceback).
+    for module, model, key in [("ignis.serve", "hf", "model.path"), ("ignis.generate", "scripted", "model.script")]:
+        proc = subprocess.run([sys.executable, "-m", module, f"+model={model}"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip() == f"ignis: missing config value {key} (set it with {key}=...)"
