@@ -21,6 +21,9 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 _PLACEHOLDER_DIGITS = 24
+# The scan of each string is remembered (an agent resends the same history every turn),
+# up to this many characters of strings; then the memory starts over.
+_MEMO_CHARS = 1 << 22
 
 
 def plain_data(value: Any) -> Any:
@@ -60,12 +63,16 @@ class Neutralizer:
         # fragment there): tails matched at a string's start, heads reversed at its end.
         self._tail_at = _longest_first(self._tails)
         self._head_at_end = _longest_first(h[::-1] for h in self._heads)
+        # string -> its risky spans. Shared by the server's worker threads: each dict
+        # operation is atomic, and a lost update only costs a rescan.
+        self._scanned: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._scanned_chars = 0
 
     def neutralize(self, value: Any, *, avoid: str = "") -> tuple[Any, dict[str, str]]:
         """(copy of `value` with markup swapped, {placeholder: original}). The map is empty
         when there was nothing to swap. Placeholders never occur in `avoid` nor in `value`."""
         value = plain_data(value)
-        risky = {s[a:b] for s in _strings(value) for a, b in self._risky_spans(s)}
+        risky = {s[a:b] for s in _strings(value) for a, b in self._spans(s)}
         if not risky:
             return value, {}
         avoid += json.dumps(value, ensure_ascii=False)
@@ -84,6 +91,18 @@ class Neutralizer:
         if not originals:
             return text
         return re.sub("|".join(originals), lambda m: originals[m.group(0)], text)
+
+    def _spans(self, s: str) -> tuple[tuple[int, int], ...]:
+        """`_risky_spans(s)`, remembered."""
+        spans = self._scanned.get(s)
+        if spans is None:
+            spans = tuple(self._risky_spans(s))
+            if self._scanned_chars + len(s) > _MEMO_CHARS:
+                self._scanned.clear()
+                self._scanned_chars = 0
+            self._scanned[s] = spans
+            self._scanned_chars += len(s)
+        return spans
 
     def _risky_spans(self, s: str) -> list[tuple[int, int]]:
         if self._pattern is None:
@@ -107,7 +126,7 @@ class Neutralizer:
 
     def _swap(self, s: str, swap: Mapping[str, str]) -> str:
         pieces, position = [], 0
-        for a, b in self._risky_spans(s):
+        for a, b in self._spans(s):
             if a < position:  # a head and tail fragment of a short string may overlap
                 continue
             pieces += [s[position:a], swap[s[a:b]]]

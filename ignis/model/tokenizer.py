@@ -73,6 +73,9 @@ _GPT2 = _BYTE_LEVEL_REGEX
 # pre-tokenizer of SmolLM2's own tokenizer.json.
 _DIGITS_THEN_GPT2 = _sequence({"type": "Digits", "individual_digits": True}, _BYTE_LEVEL_REGEX)
 _LLAMA3 = _sequence(_split(_LLAMA3_SPLIT), _BYTE_LEVEL_ONLY)
+# Splits that always begin a new piece at a space between two letters, and never join
+# across it: text cut there tokenizes, part by part, to the same ids as whole.
+_WORD_SPACE_SPLITS = {_GPT2_SPLIT, _LLAMA3_SPLIT, _QWEN2_SPLIT}
 _QWEN2 = _sequence(_split(_QWEN2_SPLIT), _BYTE_LEVEL_ONLY)
 
 # tokenizer.ggml.pre -> pre-tokenizer (llama.cpp's grouping of the names).
@@ -138,6 +141,30 @@ def _token_string(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _cuts_at_word_spaces(spec: dict[str, Any]) -> bool:
+    """Whether the pipeline `spec` always starts a pre-token at a space between two letters
+    and is otherwise blind to where the text was cut (see `Tokenizer.cuts_at_word_spaces`)."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or model.get("dropout"):
+        return False
+    if (spec.get("normalizer") or {"type": "NFC"}).get("type") != "NFC":  # NFC never joins across a space
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    steps = (pre.get("pretokenizers") or []) if pre.get("type") == "Sequence" else [pre]
+    splits = False
+    for step in steps:
+        kind = step.get("type")
+        if kind == "ByteLevel" and not step.get("add_prefix_space"):
+            splits |= bool(step.get("use_regex", True))
+        elif kind == "Split" and (step.get("pattern") or {}).get("Regex") in _WORD_SPACE_SPLITS:
+            if step.get("behavior") != "Isolated" or step.get("invert"):
+                return False
+            splits = True
+        elif kind != "Digits":
+            return False
+    return splits
+
+
 def _ids_from(value: Any) -> list[int]:
     if isinstance(value, int):
         return [value]
@@ -148,6 +175,10 @@ def _ids_from(value: Any) -> list[int]:
 
 class Tokenizer:
     """Encode and decode text for one model.
+
+    `cuts_at_word_spaces`: text cut at a space between two letters tokenizes, part by part,
+    to the ids of the whole (the regex byte-level pre-tokenizers above always start a piece
+    there, and nothing joins across it), so a long text can be tokenized in parallel parts.
 
     `eos_token_ids` is every id that ends generation: the model's EOS, the EOS ids of its
     generation_config.json (HF) or its EOT/EOM ids (GGUF), and every added token that spells a
@@ -180,6 +211,7 @@ class Tokenizer:
         spec["added_tokens"] = [t for t in spec.get("added_tokens") or () if t["content"].isspace()]
         self._plain = tokenizers.Tokenizer.from_str(json.dumps(spec))
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
+        self.cuts_at_word_spaces = _cuts_at_word_spaces(spec)
         self._token_bytes: list[bytes] | None = None
 
         added = self._full.get_added_tokens_decoder()
@@ -350,10 +382,9 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str], *, special: bool = False) -> list[list[int]]:
         """`encode(t, special=special, add_bos=False)` of each text, in one call (the Rust
         side may spread a batch over threads)."""
-        if len(texts) == 1:
-            return [self.encode(texts[0], special=special, add_bos=False)]
         pipeline = self._full if special else self._plain
-        return [e.ids for e in pipeline.encode_batch(list(texts), add_special_tokens=False)]
+        # The _fast variant skips character offsets, which ids do not need (~10% faster).
+        return [e.ids for e in pipeline.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def pipeline_json(self) -> str:
         """The special-parsing pipeline as tokenizers serialises it (its added tokens' rules)."""

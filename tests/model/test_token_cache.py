@@ -107,3 +107,66 @@ def test_a_vocabulary_it_cannot_cut_exactly_turns_it_off(tmp_path) -> None:
     assert not cache.enabled and "strips whitespace" in cache.why_off
     text = "a  <think> b </think>  c"
     assert cache.encode(text) == tokenizer.encode(text, special=True, add_bos=False)
+
+
+def _with_pipeline(tokenizer: Tokenizer, **changes) -> Tokenizer:
+    """The same vocabulary with other pipeline steps (pre-tokenizer, normalizer...)."""
+    from tokenizers import Tokenizer as HfTokenizer
+
+    from ignis.model import tokenizer as tokenizer_module
+
+    spec = json.loads(tokenizer.pipeline_json())
+    spec.update({k: getattr(tokenizer_module, v) if isinstance(v, str) else v for k, v in changes.items()})
+    return Tokenizer(HfTokenizer.from_str(json.dumps(spec)), eos_token="<|im_end|>")
+
+
+def _long_text(rng: random.Random, marks: list[str]) -> str:
+    pieces = TEXTS + SENTENCES + ["x", "don't", "É", "ü", "2024", "  ", "\n", "\t", "a  b"]
+    words = [rng.choice(pieces) + rng.choice([" ", " ", "", "\n", "  "]) for _ in range(rng.randrange(20, 200))]
+    if marks and rng.random() < 0.5:
+        words.insert(0, rng.choice(marks))
+    return "".join(words)
+
+
+def test_long_texts_are_cut_at_word_spaces_with_the_ids_of_the_whole(tokenizer: Tokenizer, monkeypatch) -> None:
+    from ignis.model import token_cache
+
+    cache = TokenCache(tokenizer)
+    metaspace = not tokenizer.cuts_at_word_spaces
+    assert cache.cuts_words is not metaspace
+    monkeypatch.setattr(token_cache, "_PART_CHARS", 24)  # many parts per text
+    rng = random.Random(11)
+    marks = list(tokenizer.control_tokens)
+    cut = 0
+    for _ in range(60):
+        text = _long_text(rng, marks)
+        cut += len(cache._parts(text)) > 1
+        assert cache.encode(text) == tokenizer.encode(text, special=True, add_bos=False), repr(text)
+        assert cache.encode_plain([text]) == [tokenizer.encode(text, special=False, add_bos=False)], repr(text)
+    assert cut == (0 if metaspace else 60)
+
+
+@pytest.mark.parametrize(
+    ("changes", "cuts"),
+    [
+        ({}, True),
+        ({"pre_tokenizer": "_LLAMA3", "normalizer": None}, True),
+        ({"pre_tokenizer": "_QWEN2", "normalizer": {"type": "NFC"}}, True),
+        ({"pre_tokenizer": "_GPT2", "normalizer": {"type": "Lowercase"}}, False),
+        ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}},
+         False),
+        ({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"\w+ \w+|\s+"}, "behavior": "Isolated",
+                            "invert": False}}, False),
+        ({"pre_tokenizer": {"type": "Whitespace"}}, False),
+    ],
+)
+def test_word_space_cuts_only_for_pre_tokenizers_that_split_there(changes, cuts) -> None:
+    tokenizer = _with_pipeline(smollm2_tokenizer(), **changes)
+    assert tokenizer.cuts_at_word_spaces is cuts
+    cache = TokenCache(tokenizer)
+    assert cache.cuts_words is cuts
+    if cuts:  # the Llama 3 and Qwen2 splits: the same ids in parts, on long texts
+        rng = random.Random(5)
+        for _ in range(10):
+            text = _long_text(rng, list(tokenizer.control_tokens))
+            assert cache.encode(text) == tokenizer.encode(text, special=True, add_bos=False), repr(text)
