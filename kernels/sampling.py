@@ -12,6 +12,9 @@ penalties are all decided on the device (shapes depend only on B, V and the padd
 token-list widths), so a decode step never waits on the sampler. Capturing it in a
 CUDA graph should work for the same reason but is untested.
 
+`logprob_distribution(logits, params)` is the [B, V] distribution those logprobs come
+from (for top logprobs: a row's most likely tokens, by the same numbers).
+
 `inplace_penalties=True` lets the Triton path penalise float32 `logits` in place
 instead of copying them (an engine's per-step logits buffer); the reference never
 writes to `logits`.
@@ -23,9 +26,9 @@ import torch
 
 from kernels.backend import Backend, use_triton
 from kernels.sampling_params import GREEDY_EPS, SamplingTensors
-from kernels.sampling_ref import sample_ref
+from kernels.sampling_ref import logprob_distribution, sample_ref
 
-__all__ = ["GREEDY_EPS", "SamplingTensors", "sample", "sample_ref"]
+__all__ = ["GREEDY_EPS", "SamplingTensors", "logprob_distribution", "sample", "sample_ref"]
 
 
 def sample(

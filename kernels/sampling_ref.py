@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from kernels.sampling_params import GREEDY_EPS, SamplingTensors
-from kernels.sampling_penalties import apply_penalties_dense
+from kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
 
 _M32 = 0xFFFFFFFF
 # Constants of the hash (also in kernels.sampling_triton): lowbias32's multipliers
@@ -143,6 +143,17 @@ def keep_mask(x: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     top_p = params.top_p.double()[:, None]
     keep &= (top_p >= 1) | (mass_above < top_p * total) | (xs == m)  # top_p = 0 keeps the max
     return torch.zeros_like(keep).scatter_(1, order, keep)
+
+
+def logprob_distribution(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """[B, V] float32: the distribution of definition 5, whose entry at the sampled token
+    is the logprob `sample(..., return_logprobs=True)` reports (penalised, tempered with
+    T = 1 for greedy rows, before top-k/top-p/min-p). For a row's top logprobs. Never
+    modifies `logits`; penalties go in place on a copy (bit-identical to the dense form)."""
+    x = logits.float()
+    if params.has_penalty_tokens:
+        x = apply_penalties_(x.clone() if x is logits else x, params)
+    return torch.log_softmax(x * inverse_temperature(params.temperature)[:, None], 1)
 
 
 def sample_ref(

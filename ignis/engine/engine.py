@@ -26,7 +26,7 @@ import torch
 import kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
-from ignis.engine.model_runner import ModelRunner, StepResult
+from ignis.engine.model_runner import ModelRunner, StepResult, TopLogprobs
 from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.scheduler import ScheduledBatch, Scheduler
@@ -221,6 +221,7 @@ class LLMEngine:
         log.warning("forward of %d requests failed (%r); running them one by one", n, exc)
         tokens: list[int | None] = [None] * n
         logprobs: list[float | None] = [None] * n
+        tops: list[TopLogprobs | None] = [None] * n
         errors: dict[int, str] = {}
         for i, (seq, num) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             try:
@@ -230,12 +231,15 @@ class LLMEngine:
                 errors[i] = f"engine step failed: {alone!r}"
                 continue
             tokens[i], logprobs[i] = one.tokens[0], one.logprobs[0]
+            if one.top_logprobs is not None:
+                tops[i] = one.top_logprobs[0]
             if 0 in one.errors:
                 errors[i] = one.errors[0]
-        return StepResult(tokens, logprobs, errors)
+        return StepResult(tokens, logprobs, errors, tops)
 
     def _postprocess(self, batch: ScheduledBatch, result: StepResult, outputs: list[RequestOutput]) -> None:
         tokens, logprobs, errors = result.tokens, result.logprobs, result.errors
+        tops = result.top_logprobs
         publish = self.block_manager.publish
         for i, seq in enumerate(batch.seqs):
             seq.num_computed_tokens += batch.num_new_tokens[i]
@@ -253,6 +257,8 @@ class LLMEngine:
             seq.new_token_ids.append(token)
             if seq.params.logprobs:
                 seq.new_logprobs.append(logprobs[i])
+            if seq.params.top_logprobs:
+                seq.new_top_logprobs.append((tops[i] if tops is not None else None) or [])
             publish(seq)
             try:
                 reason, stop_reason = self._check_stop(seq, token)
@@ -317,8 +323,9 @@ class LLMEngine:
             token_ids=seq.new_token_ids,
             text="".join(seq.new_text),
             logprobs=seq.new_logprobs if seq.params.logprobs else None,
+            top_logprobs=seq.new_top_logprobs if seq.params.top_logprobs else None,
         )
-        seq.new_token_ids, seq.new_text, seq.new_logprobs = [], [], []
+        seq.new_token_ids, seq.new_text, seq.new_logprobs, seq.new_top_logprobs = [], [], [], []
         return out
 
     # -- gauges and conveniences ----------------------------------------------------

@@ -26,7 +26,7 @@ from ignis.engine.sequence import Sequence
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.transformer import Transformer
-from kernels.sampling import SamplingTensors, sample
+from kernels.sampling import SamplingTensors, logprob_distribution, sample
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +59,27 @@ class _PenaltyIds:
         return self.prompt, self.output[: self.n]
 
 
+# A row's most likely tokens: (token id, logprob), logprob descending.
+TopLogprobs = list[tuple[int, float]]
+
+
 @dataclass
 class StepResult:
     # Per batch.seqs entry: the sampled token (None: this row did not sample, or failed).
     tokens: list[int | None]
     logprobs: list[float | None]
     errors: dict[int, str]  # batch index -> message, for rows whose sampling failed
+    # Per batch.seqs entry, for rows whose params ask for top_logprobs (None otherwise).
+    top_logprobs: list[TopLogprobs | None] | None = None
+
+
+@dataclass
+class Sampled:
+    """The sampler's answer for the rows of one call (lists indexed like the rows)."""
+
+    tokens: list[int]
+    logprobs: list[float] | None  # None: no row asked for logprobs
+    top_logprobs: list[TopLogprobs | None] | None  # None: no row asked for top_logprobs
 
 
 class ModelRunner:
@@ -192,37 +207,46 @@ class ModelRunner:
             hidden = hidden.index_select(0, sample_idx)
         logits = self.model.compute_logits(hidden) if self.head_op is None else self.head_op(hidden).float()
         rows = [seqs[order[row]] for row in sampling]
-        tokens, logprobs, errors = self._sample(logits, rows)
+        sampled, errors = self._sample(logits, rows)
+        if sampled.top_logprobs is not None:
+            result.top_logprobs = [None] * S
         for k, row in enumerate(sampling):
             i = order[row]
             if k in errors:
                 result.errors[i] = errors[k]
             else:
-                result.tokens[i] = tokens[k]
-                result.logprobs[i] = logprobs[k] if logprobs is not None else None
+                result.tokens[i] = sampled.tokens[k]
+                result.logprobs[i] = sampled.logprobs[k] if sampled.logprobs is not None else None
+                if result.top_logprobs is not None and sampled.top_logprobs is not None:
+                    result.top_logprobs[i] = sampled.top_logprobs[k]
         return result
 
-    def _sample(
-        self, logits: torch.Tensor, rows: list[Sequence]
-    ) -> tuple[list[int], list[float] | None, dict[int, str]]:
+    def _sample(self, logits: torch.Tensor, rows: list[Sequence]) -> tuple[Sampled, dict[int, str]]:
         """Sample every row at once; if that raises, row by row so one bad row fails alone."""
         try:
-            return (*self._sample_rows(logits, rows), {})
+            return self._sample_rows(logits, rows), {}
         except Exception as exc:  # noqa: BLE001 - isolate the offending rows below
             log.warning("batched sampling failed (%s); retrying row by row", exc)
-        tokens: list[int] = []
-        logprobs: list[float] = []
+        out = Sampled([], None, None)
+        lps: list[float] = []
+        tops: list[TopLogprobs | None] = []
         errors: dict[int, str] = {}
         for k, seq in enumerate(rows):
             try:
-                t, lp = self._sample_rows(logits[k : k + 1], [seq])
-                tokens.append(t[0])
-                logprobs.append(lp[0] if lp is not None else float("nan"))
+                one = self._sample_rows(logits[k : k + 1], [seq])
+                out.tokens.append(one.tokens[0])
+                lps.append(one.logprobs[0] if one.logprobs is not None else float("nan"))
+                tops.append(one.top_logprobs[0] if one.top_logprobs is not None else None)
             except Exception as exc:  # noqa: BLE001
                 errors[k] = f"sampling failed: {exc}"
-                tokens.append(-1)
-                logprobs.append(float("nan"))
-        return tokens, logprobs, errors
+                out.tokens.append(-1)
+                lps.append(float("nan"))
+                tops.append(None)
+        if any(s.params.logprobs for s in rows):
+            out.logprobs = lps
+        if any(t is not None for t in tops):
+            out.top_logprobs = tops
+        return out, errors
 
     def _penalty_tokens(self, rows: list[Sequence]) -> dict[str, torch.Tensor]:
         """The rows' prompt and output ids for the penalties, [B, S] int32 padded with -1
@@ -246,12 +270,12 @@ class ModelRunner:
             out[name] = torch.from_numpy(padded)
         return out
 
-    def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> tuple[list[int], list[float] | None]:
-        want_logprobs = any(s.params.logprobs for s in rows)
+    def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
+        want_logprobs = any(s.params.logprobs for s in rows)  # top_logprobs implies logprobs
         penalties = any(s.params.uses_penalties for s in rows)
         if not want_logprobs and not penalties and all(s.params.is_greedy for s in rows):
             # Plain greedy: the sampler's greedy rule is the first index of the max.
-            return logits.argmax(dim=-1).tolist(), None
+            return Sampled(logits.argmax(dim=-1).tolist(), None, None)
         p = [s.params for s in rows]
         params = SamplingTensors.from_lists(
             [x.temperature for x in p],
@@ -268,8 +292,38 @@ class ModelRunner:
         )
         # Penalties go on a copy, never in place: a failed batched call is retried row by
         # row on these same logits, which must not be penalised twice.
-        if want_logprobs:
-            ids, lps = sample(logits, params, return_logprobs=True)
-            both = torch.stack((ids.to(torch.float64), lps.to(torch.float64))).tolist()  # one sync
-            return [int(t) for t in both[0]], both[1]
-        return sample(logits, params).tolist(), None
+        if not want_logprobs:
+            return Sampled(sample(logits, params).tolist(), None, None)
+        ids, lps = sample(logits, params, return_logprobs=True)
+        B = len(rows)
+        top_rows = [k for k, x in enumerate(p) if x.top_logprobs > 0]
+        parts = [ids.to(torch.float64), lps.to(torch.float64)]
+        n = 0  # alternatives computed per asking row: the most any of them wants
+        if top_rows:
+            # The rows that ask, from the distribution the sampled logprob is read from
+            # (kernels.sampling_ref, definition 5): the penalised, tempered one, before
+            # top-k/top-p/min-p. topk sorts descending.
+            n = min(max(p[k].top_logprobs for k in top_rows), logits.shape[1])
+            sel = None if len(top_rows) == B else torch.tensor(top_rows, device=logits.device)
+            dist = logprob_distribution(
+                logits if sel is None else logits.index_select(0, sel),
+                params if sel is None else params.select(sel),
+            )
+            top_lps, top_ids = dist.topk(n, dim=1)
+            # The sampled token's logprob read from these same numbers, so that it equals
+            # its entry among the alternatives whatever backend sampled it.
+            chosen = dist.gather(1, (ids if sel is None else ids.index_select(0, sel))[:, None])[:, 0]
+            parts[1] = chosen.double() if sel is None else parts[1].index_copy(0, sel, chosen.double())
+            parts += [top_ids.flatten().to(torch.float64), top_lps.flatten().to(torch.float64)]
+        flat = torch.cat(parts).tolist()  # the one host sync (ids < 2**53 are exact)
+        tokens = [int(t) for t in flat[:B]]
+        logprobs = flat[B : 2 * B]
+        if not top_rows:
+            return Sampled(tokens, logprobs, None)
+        R = len(top_rows)
+        t_ids, t_lps = flat[2 * B : 2 * B + R * n], flat[2 * B + R * n :]
+        tops: list[TopLogprobs | None] = [None] * B
+        for r, k in enumerate(top_rows):  # per asking row, its own count of the n computed
+            m = min(p[k].top_logprobs, n)
+            tops[k] = [(int(t), lp) for t, lp in zip(t_ids[r * n : r * n + m], t_lps[r * n : r * n + m])]
+        return Sampled(tokens, logprobs, tops)

@@ -44,6 +44,9 @@ class RequestOutput:
     usage: Usage | None = None  # set on the final output
     error: str | None = None  # set when finish_reason is ERROR
     logprobs: list[float] | None = None  # per token_ids entry, when params.logprobs
+    # Per token_ids entry, when params.top_logprobs: that step's most likely tokens as
+    # (token id, logprob), logprob descending (the sampled token may be absent).
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -58,11 +61,13 @@ class Completion:
     usage: Usage | None
     error: str | None = None
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     @classmethod
     def fold(cls, request_id: str, outputs: list[RequestOutput]) -> Completion:
         last = outputs[-1] if outputs else RequestOutput(request_id)
         logprobs = [lp for o in outputs for lp in (o.logprobs or ())] if any(o.logprobs for o in outputs) else None
+        tops = [t for o in outputs for t in (o.top_logprobs or ())] if any(o.top_logprobs for o in outputs) else None
         return cls(
             request_id=request_id,
             token_ids=[t for o in outputs for t in o.token_ids],
@@ -72,4 +77,5 @@ class Completion:
             usage=last.usage,
             error=last.error,
             logprobs=logprobs,
+            top_logprobs=tops,
         )

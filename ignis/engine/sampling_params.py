@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default one
+
 
 @dataclass
 class SamplingParams:
@@ -29,6 +31,13 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True  # in the detokenized text
     logprobs: bool = False  # report the logprob of each sampled token
+    # Also report this many most likely tokens of each step (0..20, OpenAI's range);
+    # > 0 turns `logprobs` on.
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_logprobs, int) and self.top_logprobs > 0:
+            self.logprobs = True
 
     @classmethod
     def greedy(cls, max_tokens: int | None = None, **kwargs: object) -> SamplingParams:
@@ -61,6 +70,12 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        if (
+            not isinstance(self.top_logprobs, int)
+            or isinstance(self.top_logprobs, bool)
+            or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")

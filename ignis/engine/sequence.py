@@ -61,6 +61,7 @@ class Sequence:
         self.new_token_ids: list[int] = []
         self.new_text: list[str] = []
         self.new_logprobs: list[float] = []
+        self.new_top_logprobs: list[list[tuple[int, float]]] = []
 
     @property
     def num_tokens(self) -> int:

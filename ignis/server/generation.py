@@ -62,6 +62,19 @@ def _usage(out: Any, reasoning_tokens: int) -> Usage:
     )
 
 
+def _token_logprobs(tokenizer: Any, out: Any) -> list[TokenLogprob]:
+    """The step's tokens with their logprobs and, when asked, their alternatives: each
+    token's text is its own id decoded alone, specials included (OpenAI's token field)."""
+    def text(t: int) -> str:
+        return tokenizer.decode([t], skip_special_tokens=False)
+
+    tops = out.top_logprobs or [()] * len(out.token_ids)
+    return [
+        TokenLogprob(text(t), float(lp), tuple((text(a), float(alp)) for a, alp in top))
+        for t, lp, top in zip(out.token_ids, out.logprobs, tops, strict=False)
+    ]
+
+
 async def drive(
     stream: RequestStream,
     parser: OutputParser,
@@ -85,10 +98,7 @@ async def drive(
         if out.token_ids and ttft is None:
             ttft = time.monotonic() - started
         if logprobs and out.logprobs:
-            pending_lps.extend(
-                TokenLogprob(tokenizer.decode([t], skip_special_tokens=False), float(lp))
-                for t, lp in zip(out.token_ids, out.logprobs, strict=False)
-            )
+            pending_lps.extend(_token_logprobs(tokenizer, out))
         deltas = parser.feed(out.text) if out.text else []
         if out.finished:
             final = out

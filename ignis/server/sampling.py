@@ -6,6 +6,9 @@
   hits the end of the context ends ``incomplete`` (``max_output_tokens``), as one that
   hits its own limit does. No limit given = up to the context length.
 - Defaults are OpenAI's: temperature 1, top_p 1 (no model-specific defaults).
+- ``top_logprobs`` (from the fields) is honoured when `logprobs` is on: the caller says
+  whether logprobs are reported (Responses: the include, or ``top_logprobs`` itself;
+  chat: ``logprobs: true``, which chat's decoder demands with ``top_logprobs``).
 - ``thinking`` / ``thinking_budget`` are template switches (`render`), not sampling:
   the budget is not enforced by the engine (see the README).
 """
@@ -51,6 +54,7 @@ def engine_params(
         seed=None if fields.seed is None else int(fields.seed) % _SEED_MOD,
         stop=tuple(fields.stop or ()),
         logprobs=logprobs,
+        top_logprobs=(fields.top_logprobs or 0) if logprobs else 0,
     )
     try:
         params.validate()

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sampling import SamplingTensors, sample
+from kernels.sampling import SamplingTensors, logprob_distribution, sample
 from kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
 from kernels.sampling_ref import inverse_temperature, keep_mask, row_keys, sample_ref, uniform_bits
 from kernels.sampling_triton import TritonSamplerConfig, _mix32, _row_keys, sample_triton_debug
@@ -149,6 +149,23 @@ def test_sample_triton_backend_and_logprobs(seed):
         torch.testing.assert_close(lp, expect.gather(1, tok[:, None])[:, 0], atol=1e-4, rtol=1e-5,
                                    msg=lambda m: f"{name} seed={seed}: {m}")
     assert (tokens == ref_tokens).float().mean() >= 0.9, f"seed={seed}"  # exact rows: test above
+
+
+def test_logprob_distribution_is_the_reported_one(seed):
+    """Top logprobs come from `logprob_distribution`: at the sampled token it is the logprob
+    `sample` reports, and `logits` is left alone (penalties go on a copy)."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    B, V = 8, 64
+    x = random_logits(g, rng, B, V).float()
+    before = x.clone()
+    params = random_params(rng, B, V, penalties=True)
+    dist = logprob_distribution(x, params)
+    assert torch.equal(x, before) and dist.shape == (B, V) and dist.dtype == torch.float32
+    tokens, lps = sample_ref(x, params, return_logprobs=True)
+    torch.testing.assert_close(dist.gather(1, tokens[:, None])[:, 0], lps, atol=1e-6, rtol=0,
+                               msg=lambda m: f"seed={seed}: {m}")
+    sub = logprob_distribution(x.index_select(0, torch.tensor([5, 1])), params.select([5, 1]))
+    assert torch.equal(sub, dist[[5, 1]]), f"seed={seed}"  # a row's numbers do not depend on the batch
 
 
 def allowed_tokens(x: np.ndarray, t: float, k: int, p: float, mp: float) -> tuple[set[int], set[int]]:

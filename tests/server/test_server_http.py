@@ -171,6 +171,76 @@ def test_logprobs(srv):
     assert cc.choices[0].logprobs.content
 
 
+def _check_alternatives(entries: list[dict], n: int, *, greedy: bool, with_bytes: bool) -> None:
+    """Each token: n alternatives, logprob descending; greedy: the first is the token itself."""
+    assert entries
+    for e in entries:
+        alts = e["top_logprobs"]
+        assert len(alts) == n, e
+        lps = [a["logprob"] for a in alts]
+        assert lps == sorted(lps, reverse=True) and all(lp <= 0 for lp in lps)
+        assert all(("bytes" in a) == with_bytes for a in alts)
+        if with_bytes:
+            assert all(a["bytes"] == list(a["token"].encode("utf-8")) for a in alts)
+        if greedy:
+            assert alts[0]["token"] == e["token"] and alts[0]["logprob"] == e["logprob"]
+        elif e["token"] in [a["token"] for a in alts]:
+            assert e["logprob"] in lps
+
+
+def test_responses_top_logprobs_json_and_stream(srv):
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 6, "temperature": 0, "top_logprobs": 3,
+            "include": ["message.output_text.logprobs"]}
+    raw = http(srv, "POST", "/v1/responses", json=body)
+    assert raw.status_code == 200
+    resp = raw.json()
+    validate_response(resp)
+    assert resp["top_logprobs"] == 3
+    [part] = [p for item in resp["output"] if item["type"] == "message" for p in item["content"]]
+    _check_alternatives(part["logprobs"], 3, greedy=True, with_bytes=True)
+
+    with httpx.stream("POST", srv.base_url + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
+                      json={**body, "stream": True}) as sse:
+        events = [json.loads(b.split("\n")[1][6:]) for b in sse.read().decode().split("\n\n") if b]
+    for ev in events:
+        validate_event(ev)
+    final = check_grammar(events)
+    deltas = [lp for ev in events if ev["type"] == "response.output_text.delta" for lp in ev["logprobs"]]
+    _check_alternatives(deltas, 3, greedy=True, with_bytes=False)
+    [done] = [ev for ev in events if ev["type"] == "response.output_text.done"]
+    assert done["logprobs"] == deltas
+    [part] = [p for item in final["output"] if item["type"] == "message" for p in item["content"]]
+    _check_alternatives(part["logprobs"], 3, greedy=True, with_bytes=True)
+    assert [e["token"] for e in part["logprobs"]] == [e["token"] for e in deltas]
+
+    # Sampled (temperature 1, seeded) through the SDK: alternatives of the same distribution.
+    r = client(srv).responses.create(model="tiny", input="hi", max_output_tokens=6, temperature=1.0, top_logprobs=2,
+                                     include=["message.output_text.logprobs"], extra_body={"seed": 7})
+    lps = [lp.model_dump(mode="json") for lp in r.output[0].content[0].logprobs]
+    _check_alternatives(lps, 2, greedy=False, with_bytes=True)
+
+
+def test_chat_top_logprobs_json_and_stream(srv):
+    c = client(srv)
+    msgs = [{"role": "user", "content": "hi"}]
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                  top_logprobs=2)
+    CHAT.validate_python(r.model_dump(mode="json"))
+    content = [t.model_dump(mode="json") for t in r.choices[0].logprobs.content]
+    _check_alternatives(content, 2, greedy=True, with_bytes=True)
+    chunks = list(c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                            top_logprobs=2, stream=True))
+    for ch in chunks:
+        CHUNK.validate_python(ch.model_dump(mode="json"))
+    streamed = [t.model_dump(mode="json") for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for t in ch.choices[0].logprobs.content or ()]
+    _check_alternatives(streamed, 2, greedy=True, with_bytes=True)
+    assert streamed == content
+    # logprobs without top_logprobs: no alternatives.
+    plain = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=3, temperature=0, logprobs=True)
+    assert all(t.top_logprobs == [] for t in plain.choices[0].logprobs.content)
+
+
 def test_deadlines_end_with_one_terminal_event(srv):
     c = client(srv)
     admin = dict(headers={"Authorization": f"Bearer {KEY}"})

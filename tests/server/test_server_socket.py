@@ -101,6 +101,18 @@ def test_unknown_previous_response_id_then_the_socket_goes_on(srv):
         assert f.terminal()[-1]["type"] == "response.incomplete"
 
 
+def test_top_logprobs_over_the_socket(srv):
+    with client(srv).responses.connect() as conn:
+        f = Frames(conn)
+        _create(conn, input="hi", max_output_tokens=4, top_logprobs=3, include=["message.output_text.logprobs"])
+        events = f.terminal()
+        check_grammar(events)
+        deltas = [lp for ev in events if ev["type"] == "response.output_text.delta" for lp in ev["logprobs"]]
+        assert deltas and all(len(lp["top_logprobs"]) == 3 for lp in deltas)
+        # greedy: the most likely alternative is the token itself
+        assert all(lp["top_logprobs"][0]["token"] == lp["token"] for lp in deltas)
+
+
 def test_two_streams_run_concurrently_with_tagged_events(srv):
     with client(srv).responses.connect() as conn:
         f = Frames(conn)
