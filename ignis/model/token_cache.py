@@ -26,7 +26,8 @@ tokenizer's pre-tokenizer starts a piece anyway (`Tokenizer.cuts_at_word_spaces`
 here on a probe text too), so the tokenizer spreads even one long text over every core.
 
 Thread-safe (the server renders in worker threads); bounded by the tokens it holds,
-2M by default (about 40 MB with the pieces' text; least recently used pieces go first).
+2M by default (about 25 MB with the pieces' text, ~12 bytes a token measured on English; least
+recently used pieces go first).
 Ids are stored as tuples of shared int objects: joining a prompt's pieces is then a copy
 of pointers (~15 us for 15k tokens, against ~150 us from arrays).
 """
