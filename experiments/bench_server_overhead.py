@@ -72,7 +72,9 @@ def main() -> None:
     reader = gguf.GGUFReader(smollm2_gguf_path())
     tokenizer, template = Tokenizer.from_gguf(reader), ChatTemplate.from_gguf(reader)
     key = b"k" * 32
-    ctx = SimpleNamespace(renderer=Renderer(tokenizer, template), max_model_len=65536)
+    # What `prepare` reads of the server's context (ignis.server.context.ServerContext).
+    loaded = SimpleNamespace(tokenizer=tokenizer, config=SimpleNamespace(vocab_size=tokenizer.vocab_size))
+    ctx = SimpleNamespace(renderer=Renderer(tokenizer, template), max_model_len=65536, loaded=loaded)
     cache = ctx.renderer.token_cache
 
     items = codex_history(8)

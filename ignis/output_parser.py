@@ -102,8 +102,10 @@ class ParserConfig:
     """How one model marks reasoning and tool calls, and what this request enables.
 
     `reasoning` / `tools` are per request: ``tools=False`` when the request had no
-    tools or ``tool_choice: "none"``. Tags must be non-empty and must not start with
-    whitespace."""
+    tools or ``tool_choice: "none"``. `required_tools`: the output must hold a valid
+    call to one of these (``tool_choice: "required"`` or a named function; empty: no
+    requirement); the parser only records the calls it sees (`call_names`), the
+    server judges. Tags must be non-empty and must not start with whitespace."""
 
     think_start: str = "<think>"
     think_end: str = "</think>"
@@ -112,6 +114,7 @@ class ParserConfig:
     starts_in_reasoning: bool = False
     reasoning: bool = True
     tools: bool = True
+    required_tools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("think_start", "think_end", "tool_start", "tool_end"):
@@ -247,7 +250,7 @@ class OutputParser:
     call `finish` once at the end of generation. See the module docstring."""
 
     __slots__ = (
-        "config", "saw_tool_call", "_state", "_buf", "_think_allowed", "_after_call", "_reasoning_start", "_pending_ws", "_parts",
+        "config", "saw_tool_call", "call_names", "_state", "_buf", "_think_allowed", "_after_call", "_reasoning_start", "_pending_ws", "_parts",
     )
 
     def __init__(self, config: ParserConfig | None = None) -> None:
@@ -259,6 +262,8 @@ class OutputParser:
         self._parts: list[str] = []  # in _TOOL: the block's text before _buf
         #: True once a `ToolCallStart` was emitted (finish reason ``tool_calls``).
         self.saw_tool_call = False
+        #: The names of the valid calls emitted so far, in order.
+        self.call_names: list[str] = []
         if config.reasoning and config.starts_in_reasoning:
             self._state = _REASONING
             self._think_allowed = False
@@ -414,6 +419,7 @@ class OutputParser:
             out.append(ToolCallArguments(arguments))
             out.append(ToolCallEnd())
             self.saw_tool_call = True
+            self.call_names.append(name)
             self._state = _WS_HOLD
             self._after_call = True
         self._pending_ws = ""

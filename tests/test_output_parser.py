@@ -543,3 +543,16 @@ def test_random_chunkings_of_a_realistic_turn():
     for _ in range(200):
         cuts = rng.sample(range(1, len(s)), rng.randint(0, 40))
         assert run(chunked(s, cuts)) == expected
+
+
+def test_call_names_record_the_valid_calls_only() -> None:
+    """The server judges a required call by these (ParserConfig.required_tools is carried,
+    never acted on by the parser)."""
+    p = OutputParser(ParserConfig(required_tools=("get_weather",)))
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"\n</tool_call>'  # malformed: text
+            'x<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    deltas = p.feed(text) + p.finish()
+    assert p.call_names == ["get_time", "get_weather"]
+    assert [d.name for d in deltas if isinstance(d, ToolCallStart)] == p.call_names
+    assert OutputParser(ParserConfig()).call_names == []

@@ -26,6 +26,7 @@ import torch
 import kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
+from ignis.engine.constraint import ConstraintState, token_index
 from ignis.engine.model_runner import ModelRunner, StepResult, TopLogprobs
 from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
 from ignis.engine.sampling_params import SamplingParams
@@ -162,6 +163,9 @@ class LLMEngine:
                 "(prompt plus at least one output token)"
             )
         room = self.max_model_len - len(prompt)
+        constraint = None
+        if params.constraint is not None and not prewarm:
+            constraint = self._constraint_state(params)
         seq = Sequence(
             request_id,
             prompt,
@@ -172,11 +176,23 @@ class LLMEngine:
             prewarm=prewarm,
             deadline=deadline,
             stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids),
+            constraint=constraint,
         )
         self.seqs[request_id] = seq
         if deadline is not None:
             self._num_deadlines += 1
         self.scheduler.add(seq)
+
+    def _constraint_state(self, params: SamplingParams) -> ConstraintState:
+        c = params.constraint
+        assert c is not None
+        if not getattr(self.tokenizer, "is_byte_level", False):
+            raise ValueError("prefix constraints need a byte-level vocabulary (token bytes)")
+        for t in (c.think_start_id, c.think_end_id):
+            if t is not None and t >= self.vocab_size:
+                raise ValueError(f"think token ids must lie in [0, {self.vocab_size})")
+        # Built once per tokenizer (the server warms it off this thread).
+        return ConstraintState(c, token_index(self.tokenizer, self.vocab_size))
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None) -> bool:
         """End a request now, running or waiting, and free its blocks. Its final output
@@ -255,6 +271,10 @@ class LLMEngine:
             self.num_generated_tokens += 1
             seq.token_ids.append(token)
             seq.new_token_ids.append(token)
+            if seq.constraint is not None:
+                seq.constraint.advance(token)
+                if seq.constraint.done:
+                    seq.constraint = None  # free from here on: no more work per step
             if seq.params.logprobs:
                 seq.new_logprobs.append(logprobs[i])
             if seq.params.top_logprobs:

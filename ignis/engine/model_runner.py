@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 import kernels
+from ignis.engine.constraint import TokenIndex
 from ignis.engine.cpu_attention import BatchedCpuAttention
 from ignis.engine.cpu_weights import pack_linear_weights, unpack_linear_weights
 from ignis.engine.scheduler import ScheduledBatch
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 
 
 _NO_IDS = np.empty(0, dtype=np.int32)
+# Allowed tokens the model itself gave -inf (the scripted model's one-hot logits) are
+# raised to this, so that a masked row always samples an allowed token. Finite after
+# any temperature >= GREEDY_EPS and any sane penalty.
+_ALLOWED_FLOOR = -1e30
+_NEG_INF = float("-inf")
 
 
 class _PenaltyIds:
@@ -115,6 +121,8 @@ class ModelRunner:
         )
         self._copied: torch.cuda.Event | None = None
         self._penalty_ids: weakref.WeakKeyDictionary[Sequence, _PenaltyIds] = weakref.WeakKeyDictionary()
+        # Per token index (one per tokenizer): its ids in byte order, on the device.
+        self._orders: weakref.WeakKeyDictionary[TokenIndex, torch.Tensor] = weakref.WeakKeyDictionary()
         if self.on_cuda:  # pinned host buffers: one non-blocking copy each per step
             pin = {"pin_memory": True}
             self._host = {
@@ -270,7 +278,61 @@ class ModelRunner:
             out[name] = torch.from_numpy(padded)
         return out
 
+    def _mask_forced(self, logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
+        """`logits` with every token a forcing constraint disallows at -inf, for the rows
+        whose constraint is forcing (a copy: the caller's logits stay as they were, so the
+        row-by-row retry of `_sample` masks them once, afresh). The same tensor when no
+        row is forced.
+
+        Each row's allowed set is a few ids plus ranges of its index's byte-ordered ids
+        (kept on the device): one host->device copy of the ids, rows and range bounds."""
+        forced = []
+        for k, s in enumerate(rows):
+            c = s.constraint
+            if c is not None and (allowed := c.allowed()) is not None:
+                forced.append((k, c.index, allowed))
+        if not forced:
+            return logits
+        dev = logits.device
+        small_ids: list[int] = []
+        small_rows: list[int] = []
+        pieces: list[torch.Tensor] = []
+        piece_rows: list[int] = []
+        counts: list[int] = []
+        for r, (_, index, allowed) in enumerate(forced):
+            small_ids.extend(allowed.ids)
+            small_rows.extend([r] * len(allowed.ids))
+            if allowed.ranges:
+                order = self._orders.get(index)
+                if order is None:
+                    order = self._orders[index] = torch.from_numpy(index.order).to(dev)
+                for lo, hi in allowed.ranges:
+                    pieces.append(order[lo:hi])  # a view: nothing copied
+                    piece_rows.append(r)
+                    counts.append(hi - lo)
+        n_small, n_pieces = len(small_ids), len(piece_rows)
+        host = np.asarray([k for k, _, _ in forced] + small_ids + small_rows + piece_rows + counts, dtype=np.int64)
+        packed = torch.from_numpy(host).to(dev)  # the one upload
+        R = len(forced)
+        which = packed[:R]
+        cols = [packed[R : R + n_small], *pieces]
+        at = R + n_small
+        row_idx = [packed[at : at + n_small]]
+        at += n_small
+        if n_pieces:
+            row_idx.append(torch.repeat_interleave(packed[at : at + n_pieces], packed[at + n_pieces :],
+                                                   output_size=sum(counts)))
+        allowed_mask = torch.zeros((R, logits.shape[1]), dtype=torch.bool, device=dev)
+        allowed_mask[torch.cat(row_idx), torch.cat(cols)] = True
+        sub = logits.index_select(0, which) if R != logits.shape[0] else logits
+        sub = torch.where(allowed_mask, sub.clamp(min=_ALLOWED_FLOOR), _NEG_INF)
+        if R == logits.shape[0]:
+            return sub
+        return logits.index_copy(0, which, sub)
+
     def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
+        # Forced rows sample from (and report logprobs of) the masked distribution.
+        logits = self._mask_forced(logits, rows)
         want_logprobs = any(s.params.logprobs for s in rows)  # top_logprobs implies logprobs
         penalties = any(s.params.uses_penalties for s in rows)
         if not want_logprobs and not penalties and all(s.params.is_greedy for s in rows):
@@ -325,5 +387,9 @@ class ModelRunner:
         tops: list[TopLogprobs | None] = [None] * B
         for r, k in enumerate(top_rows):  # per asking row, its own count of the n computed
             m = min(p[k].top_logprobs, n)
-            tops[k] = [(int(t), lp) for t, lp in zip(t_ids[r * n : r * n + m], t_lps[r * n : r * n + m])]
+            # A forced row may have fewer possible tokens than asked: the impossible (-inf)
+            # ones are not alternatives (JSON has no -inf either).
+            tops[k] = [
+                (int(t), lp) for t, lp in zip(t_ids[r * n : r * n + m], t_lps[r * n : r * n + m]) if lp != _NEG_INF
+            ]
         return Sampled(tokens, logprobs, tops)

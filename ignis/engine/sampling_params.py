@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ignis.engine.constraint import PrefixConstraint
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default one
 
 
@@ -34,6 +36,9 @@ class SamplingParams:
     # Also report this many most likely tokens of each step (0..20, OpenAI's range);
     # > 0 turns `logprobs` on.
     top_logprobs: int = 0
+    # The answer must begin with one of the constraint's texts (a required tool call);
+    # see ignis/engine/constraint.py. None = free.
+    constraint: PrefixConstraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.top_logprobs, int) and self.top_logprobs > 0:
@@ -76,6 +81,10 @@ class SamplingParams:
             or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        if self.constraint is not None:
+            if not isinstance(self.constraint, PrefixConstraint):
+                raise ValueError(f"constraint must be a PrefixConstraint, got {type(self.constraint).__name__}")
+            self.constraint.validate()
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")

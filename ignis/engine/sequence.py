@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import time
 
+from ignis.engine.constraint import ConstraintState
 from ignis.engine.outputs import FinishReason
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.stop import TextStream
@@ -36,6 +37,7 @@ class Sequence:
         text: TextStream | None,
         prewarm: bool = False,
         deadline: float | None = None,
+        constraint: ConstraintState | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)  # prompt, then every sampled token
@@ -47,6 +49,9 @@ class Sequence:
         self.text = text  # None: no detokenization (prewarm)
         self.prewarm = prewarm
         self.deadline = deadline  # time.monotonic() value, or None
+        # A forced start still in progress (None once done, or when there is none). It
+        # depends only on the output tokens, so a preempted sequence keeps it as it is.
+        self.constraint = constraint
         self.arrival = time.monotonic()
         self.status = Status.WAITING
         self.num_computed_tokens = 0

@@ -9,7 +9,9 @@ How the engine's finish reasons end a response:
 =============  ==========================================================================
 engine         response
 =============  ==========================================================================
-STOP           completed (chat ``stop``, or ``tool_calls`` when the parser saw a call)
+STOP           completed (chat ``stop``, or ``tool_calls`` when the parser saw a call);
+               failed, ``server_error``, when tool_choice demanded a call and the output
+               holds no valid call to a required tool (chat: an error chunk / 500)
 LENGTH         incomplete, ``max_output_tokens`` (own limit or the end of the context)
 PREWARM        completed, no output (``generate: false``)
 ABORT          cancelled (``response.cancel``, or the server shutting down); chat, which
@@ -29,6 +31,7 @@ from typing import Any
 
 from ignis.engine import FinishReason, RequestStream
 from ignis.output_parser import OutputParser
+from ignis.server.tool_choice import missing_call_message
 from protocol.deltas import ReasoningDelta, TextDelta
 from protocol.events import TokenLogprob
 from protocol.response import Usage
@@ -123,7 +126,14 @@ async def drive(
     reason = final.finish_reason if final is not None else FinishReason.ERROR
     usage = _usage(final, reasoning_tokens)
     error = None
-    if reason is FinishReason.STOP or reason is FinishReason.PREWARM:
+    required = parser.config.required_tools
+    if reason is FinishReason.STOP and required and not any(n in required for n in parser.call_names):
+        # tool_choice demanded a call (its start was forced) and none came out valid:
+        # the model's malformed block is text, and the response must not pass for a call.
+        status = "failed"
+        error = missing_call_message(required)
+        events += encoder.fail(error, "server_error", usage)
+    elif reason is FinishReason.STOP or reason is FinishReason.PREWARM:
         status = "completed"
         events += encoder.finish("tool_calls" if parser.saw_tool_call else "stop", usage)
     elif reason is FinishReason.LENGTH:

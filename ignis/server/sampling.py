@@ -9,6 +9,7 @@
 - ``top_logprobs`` (from the fields) is honoured when `logprobs` is on: the caller says
   whether logprobs are reported (Responses: the include, or ``top_logprobs`` itself;
   chat: ``logprobs: true``, which chat's decoder demands with ``top_logprobs``).
+- ``constraint``: the forced start of a required tool call (`tool_choice.require_call`).
 - ``thinking`` / ``thinking_budget`` are template switches (`render`), not sampling:
   the budget is not enforced by the engine (see the README).
 """
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 from ignis.engine import SamplingParams
+from ignis.engine.constraint import PrefixConstraint
 from ignis.server.errors import context_too_long
 from protocol.errors import Refusal
 from protocol.sampling import SamplingFields
@@ -38,6 +40,7 @@ def engine_params(
     max_model_len: int,
     logprobs: bool = False,
     param: str = "input",
+    constraint: PrefixConstraint | None = None,
 ) -> SamplingParams:
     check_context(prompt_len, max_model_len, param)
     room = max_model_len - prompt_len
@@ -55,6 +58,7 @@ def engine_params(
         stop=tuple(fields.stop or ()),
         logprobs=logprobs,
         top_logprobs=(fields.top_logprobs or 0) if logprobs else 0,
+        constraint=constraint,
     )
     try:
         params.validate()

@@ -1,0 +1,88 @@
+"""``tool_choice`` that demands a call: what the engine forces, and what the server checks.
+
+``"required"`` (any of the tools), a named function, or ``allowed_tools`` with mode
+``required`` (the conversation's tool list is already cut to the allowed ones) decode
+to ``ToolChoice(mode="required", name=...)``. For those:
+
+- The engine forces the answer's first tokens (after an optional think block) to
+  spell the opening of a call, one choice per allowed function, exactly as the Hermes
+  tool block in the system prompt teaches it and as native templates (Qwen3) render
+  past calls: ``<tool_call>\\n{"name": "NAME", "arguments": `` (see
+  ignis/engine/constraint.py). The arguments are the model's.
+- The server ends a turn that still holds no valid call to one of them ``failed``
+  (`missing_call_message`, checked in generation.drive through
+  ``ParserConfig.required_tools``).
+
+Not forced (the check still applies): vocabularies without token bytes (not
+byte-level BPE). Think tags that are not single token ids: forcing starts at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ignis.engine.constraint import PrefixConstraint, token_index
+from ignis.output_parser import ParserConfig
+from ignis.server.render import Prompt
+from protocol.conversation import FunctionTool, ToolChoice
+
+__all__ = ["call_prefix", "missing_call_message", "require_call", "required_tools"]
+
+
+def required_tools(choice: ToolChoice, tools: Sequence[FunctionTool]) -> tuple[str, ...]:
+    """The functions one of which the answer must call (empty: no call is demanded)."""
+    if choice.mode != "required":
+        return ()
+    if choice.name is not None:
+        return (choice.name,)
+    return tuple(t.name for t in tools)
+
+
+def call_prefix(name: str, parser: ParserConfig) -> str:
+    """The opening of a call to `name`, up to its arguments."""
+    return f'{parser.tool_start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+
+def _single_id(tokenizer: Any, tag: str) -> int | None:
+    """The tag's id when the template's text of it is one token (else None)."""
+    ids = tokenizer.encode(tag, special=True, add_bos=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def require_call(
+    prompt: Prompt, choice: ToolChoice, tools: Sequence[FunctionTool], tokenizer: Any, vocab_size: int
+) -> tuple[Prompt, PrefixConstraint | None]:
+    """`prompt` with the required tools in its parser config, and the constraint that
+    forces a call to one of them (None when nothing is demanded, or the vocabulary has
+    no token bytes). Builds the engine's token index on first use (off the engine's
+    thread: callers run in a worker thread)."""
+    names = required_tools(choice, tools)
+    if not names:
+        return prompt, None
+    parser = prompt.parser
+    prompt = replace(prompt, parser=replace(parser, required_tools=names))
+    if not getattr(tokenizer, "is_byte_level", False):
+        return prompt, None
+    think_start = think_end = None
+    if parser.reasoning:
+        think_start, think_end = _single_id(tokenizer, parser.think_start), _single_id(tokenizer, parser.think_end)
+    constraint = PrefixConstraint(
+        tuple(call_prefix(n, parser).encode("utf-8") for n in names),
+        think_start_id=think_start,
+        think_end_id=think_end,
+        starts_in_reasoning=parser.reasoning and parser.starts_in_reasoning,
+    )
+    token_index(tokenizer, vocab_size)
+    return prompt, constraint
+
+
+def missing_call_message(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:8]) + (f" (and {len(names) - 8} more)" if len(names) > 8 else "")
+    which = f"the required tool {shown}" if len(names) == 1 else f"a required tool (one of {shown})"
+    return (
+        f"The model did not produce a valid call to {which}: tool_choice demands one, and its output "
+        "holds no well-formed call."
+    )
