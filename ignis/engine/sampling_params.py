@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ignis.engine.constraint import PrefixConstraint
+from ignis.engine.constraint import OutputConstraint
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default one
 
@@ -38,7 +38,7 @@ class SamplingParams:
     top_logprobs: int = 0
     # The answer must begin with one of the constraint's texts (a required tool call);
     # see ignis/engine/constraint.py. None = free.
-    constraint: PrefixConstraint | None = None
+    constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.top_logprobs, int) and self.top_logprobs > 0:
@@ -82,8 +82,8 @@ class SamplingParams:
         ):
             raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
         if self.constraint is not None:
-            if not isinstance(self.constraint, PrefixConstraint):
-                raise ValueError(f"constraint must be a PrefixConstraint, got {type(self.constraint).__name__}")
+            if not isinstance(self.constraint, OutputConstraint):
+                raise ValueError(f"constraint must be an OutputConstraint, got {type(self.constraint).__name__}")
             self.constraint.validate()
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:

@@ -26,7 +26,7 @@ from ignis.server.errors import json_response, refusal_response
 from ignis.server.http_turn import run_turn
 from ignis.server.sampling import engine_params
 from ignis.server.sse import SSE_DONE, chat_text
-from ignis.server.tool_choice import require_call
+from ignis.server.constraints import constrain_output
 from protocol.chat_request import decode_chat_request_bytes
 from protocol.chat_response import ChatStream
 from protocol.errors import Refusal
@@ -41,8 +41,8 @@ def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
     ctx.check_model(req.model)
     prompt = ctx.renderer.render(req.messages, req.tools, req.tool_choice, thinking=req.sampling.thinking,
                                  param="messages")
-    prompt, constraint = require_call(prompt, req.tool_choice, req.tools, ctx.loaded.tokenizer,
-                                      ctx.loaded.config.vocab_size)
+    prompt, constraint = constrain_output(prompt, req.tool_choice, req.tools, ctx.loaded.tokenizer,
+                                          ctx.loaded.config.vocab_size, think_budget=req.sampling.thinking_budget)
     params = engine_params(req.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
                            logprobs=req.logprobs, param="messages", constraint=constraint)
     return req, prompt, params

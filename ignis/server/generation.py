@@ -31,7 +31,7 @@ from typing import Any
 
 from ignis.engine import FinishReason, RequestStream
 from ignis.output_parser import OutputParser
-from ignis.server.tool_choice import missing_call_message
+from ignis.server.constraints import missing_call_message
 from protocol.deltas import ReasoningDelta, TextDelta
 from protocol.events import TokenLogprob
 from protocol.response import Usage

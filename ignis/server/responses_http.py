@@ -25,7 +25,7 @@ from ignis.server.errors import json_response
 from ignis.server.http_turn import run_turn
 from ignis.server.sampling import check_context, engine_params
 from ignis.server.sse import responses_text
-from ignis.server.tool_choice import require_call
+from ignis.server.constraints import constrain_output
 from protocol.decode import decode_json, decode_request
 from protocol.request import ResponsesRequest
 from protocol.responses_conversation import to_conversation
@@ -46,8 +46,8 @@ def prepare(ctx: ServerContext, request: ResponsesRequest, *, generation: bool =
     if not generation:
         check_context(len(prompt.ids), ctx.max_model_len, "input", prewarm=True)
         return prompt, None
-    prompt, constraint = require_call(prompt, conv.tool_choice, conv.tools, ctx.loaded.tokenizer,
-                                      ctx.loaded.config.vocab_size)
+    prompt, constraint = constrain_output(prompt, conv.tool_choice, conv.tools, ctx.loaded.tokenizer,
+                                          ctx.loaded.config.vocab_size, think_budget=request.sampling.thinking_budget)
     params = engine_params(
         request.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
         logprobs=request.include_logprobs or bool(request.top_logprobs), param="input", constraint=constraint,

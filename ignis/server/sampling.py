@@ -9,15 +9,15 @@
 - ``top_logprobs`` (from the fields) is honoured when `logprobs` is on: the caller says
   whether logprobs are reported (Responses: the include, or ``top_logprobs`` itself;
   chat: ``logprobs: true``, which chat's decoder demands with ``top_logprobs``).
-- ``constraint``: the forced start of a required tool call (`tool_choice.require_call`).
-- ``thinking`` / ``thinking_budget`` are template switches (`render`), not sampling:
-  the budget is not enforced by the engine (see the README).
+- ``constraint``: the forced start of a required tool call and the thinking budget
+  (`constraints.constrain_output`).
+- ``thinking`` is a template switch (`render`), not sampling.
 """
 
 from __future__ import annotations
 
 from ignis.engine import SamplingParams
-from ignis.engine.constraint import PrefixConstraint
+from ignis.engine.constraint import OutputConstraint
 from ignis.server.errors import context_too_long
 from protocol.errors import Refusal
 from protocol.sampling import SamplingFields
@@ -40,7 +40,7 @@ def engine_params(
     max_model_len: int,
     logprobs: bool = False,
     param: str = "input",
-    constraint: PrefixConstraint | None = None,
+    constraint: OutputConstraint | None = None,
 ) -> SamplingParams:
     check_context(prompt_len, max_model_len, param)
     room = max_model_len - prompt_len

@@ -14,7 +14,7 @@ from ignis.config import EngineConfig
 from ignis.engine import LLMEngine, SamplingParams
 from ignis.engine.constraint import (
     ConstraintState,
-    PrefixConstraint,
+    OutputConstraint,
     TokenIndex,
     _successor,
     token_index,
@@ -39,7 +39,7 @@ def allowed_bytes(state: ConstraintState) -> set[bytes]:
 
 
 def test_prefix_tokens_equal_and_overshooting_ones() -> None:
-    state = ConstraintState(PrefixConstraint((b"abc",)), TokenIndex(VOCAB))
+    state = ConstraintState(OutputConstraint((b"abc",)), TokenIndex(VOCAB))
     # Proper prefixes, the text itself, and tokens that run past it; never the empty token.
     assert allowed_bytes(state) == {b"a", b"ab", b"abc", b"abcd"}
     state.advance(IDS[b"a"])
@@ -50,13 +50,13 @@ def test_prefix_tokens_equal_and_overshooting_ones() -> None:
 
 
 def test_overshoot_completes_the_choice() -> None:
-    state = ConstraintState(PrefixConstraint((b"abc",)), TokenIndex(VOCAB))
+    state = ConstraintState(OutputConstraint((b"abc",)), TokenIndex(VOCAB))
     state.advance(IDS[b"abcd"])  # runs one byte past the choice's end
     assert state.done and state.satisfied and state.allowed() is None
 
 
 def test_several_choices_narrow_as_tokens_come() -> None:
-    state = ConstraintState(PrefixConstraint((b"get_a", b"get_b")), TokenIndex(VOCAB))
+    state = ConstraintState(OutputConstraint((b"get_a", b"get_b")), TokenIndex(VOCAB))
     assert allowed_bytes(state) == {b"g", b"ge", b"get_", b"get_a", b"get_b"}
     state.advance(IDS[b"get_"])
     assert state.forcing and state.alive == (b"get_a", b"get_b")
@@ -67,7 +67,7 @@ def test_several_choices_narrow_as_tokens_come() -> None:
 
 
 def test_narrowing_drops_choices_that_no_longer_fit() -> None:
-    state = ConstraintState(PrefixConstraint((b"abx", b"abcd", b"get_a")), TokenIndex(VOCAB))
+    state = ConstraintState(OutputConstraint((b"abx", b"abcd", b"get_a")), TokenIndex(VOCAB))
     assert allowed_bytes(state) == {b"a", b"ab", b"abc", b"abcd", b"abx", b"g", b"ge", b"get_", b"get_a"}
     state.advance(IDS[b"ab"])
     assert state.alive == (b"abx", b"abcd")
@@ -78,9 +78,9 @@ def test_narrowing_drops_choices_that_no_longer_fit() -> None:
 
 def test_ranges_reach_bytes_up_to_0xff() -> None:
     assert _successor(b"a") == b"b" and _successor(b"a\xff") == b"b" and _successor(b"\xff\xff") is None
-    state = ConstraintState(PrefixConstraint((b"a\xff",)), TokenIndex(VOCAB))
+    state = ConstraintState(OutputConstraint((b"a\xff",)), TokenIndex(VOCAB))
     assert allowed_bytes(state) == {b"a", b"a\xff", b"a\xff\xff"}
-    state = ConstraintState(PrefixConstraint((b"\xff",)), TokenIndex(VOCAB))
+    state = ConstraintState(OutputConstraint((b"\xff",)), TokenIndex(VOCAB))
     assert allowed_bytes(state) == {b"\xff"}
 
 
@@ -88,7 +88,7 @@ def test_reasoning_phases() -> None:
     index = TokenIndex(VOCAB)
     think, end = IDS[b"x"], IDS[b"b"]  # stand-ins for <think> and </think>
     # The first token may open a think block: free until its end, then forced.
-    state = ConstraintState(PrefixConstraint((b"get_a",), think_start_id=think, think_end_id=end), index)
+    state = ConstraintState(OutputConstraint((b"get_a",), think_start_id=think, think_end_id=end), index)
     assert allowed_bytes(state) == {b"g", b"ge", b"get_", b"get_a", b"x"}
     state.advance(think)
     assert not state.forcing and state.allowed() is None
@@ -96,11 +96,11 @@ def test_reasoning_phases() -> None:
     state.advance(end)
     assert state.forcing and allowed_bytes(state) == {b"g", b"ge", b"get_", b"get_a"}  # no second think block
     # A first token that is not the think tag starts forcing at once.
-    state = ConstraintState(PrefixConstraint((b"get_a",), think_start_id=think, think_end_id=end), index)
+    state = ConstraintState(OutputConstraint((b"get_a",), think_start_id=think, think_end_id=end), index)
     state.advance(IDS[b"get_"])
     assert allowed_bytes(state) == {b"a", b"ab", b"abc", b"abcd", b"abx", b"a\xff", b"a\xff\xff"}  # no <think>
     # The prompt ends inside the block: free until its end.
-    state = ConstraintState(PrefixConstraint((b"get_a",), think_start_id=think, think_end_id=end,
+    state = ConstraintState(OutputConstraint((b"get_a",), think_start_id=think, think_end_id=end,
                                              starts_in_reasoning=True), index)
     assert state.allowed() is None
     state.advance(think)
@@ -108,13 +108,48 @@ def test_reasoning_phases() -> None:
     state.advance(end)
     assert allowed_bytes(state) == {b"g", b"ge", b"get_", b"get_a"}
     # Without both think ids there is no reasoning phase.
-    state = ConstraintState(PrefixConstraint((b"get_a",), think_start_id=think), index)
+    state = ConstraintState(OutputConstraint((b"get_a",), think_start_id=think), index)
     assert b"x" not in allowed_bytes(state)
 
 
+def test_thinking_budget_phases() -> None:
+    index = TokenIndex(VOCAB)
+    think, end, a = IDS[b"x"], IDS[b"b"], IDS[b"a"]
+    # In a block the prompt opened: free for `budget` tokens, then only the closing tag.
+    state = ConstraintState(OutputConstraint(think_end_id=end, starts_in_reasoning=True, think_budget=2), index)
+    for _ in range(2):
+        assert state.allowed() is None
+        state.advance(a)
+    assert state.forcing and state.allowed().id_set(index) == {end}
+    state.advance(end)
+    assert state.done and state.allowed() is None
+    # The model closes the block itself within the budget: nothing is forced.
+    state = ConstraintState(OutputConstraint(think_end_id=end, starts_in_reasoning=True, think_budget=2), index)
+    state.advance(a)
+    state.advance(end)
+    assert state.done
+    # The first token may open the block (not counted); any other first token ends it all.
+    state = ConstraintState(OutputConstraint(think_start_id=think, think_end_id=end, think_budget=1), index)
+    assert state.allowed() is None
+    state.advance(a)
+    assert state.done and state.allowed() is None
+    state = ConstraintState(OutputConstraint(think_start_id=think, think_end_id=end, think_budget=1), index)
+    state.advance(think)
+    assert state.allowed() is None
+    state.advance(a)
+    assert state.allowed().id_set(index) == {end}
+    # Budget 0 closes at once; with choices, the forced start follows the forced close.
+    state = ConstraintState(OutputConstraint((b"get_a",), think_start_id=think, think_end_id=end,
+                                             starts_in_reasoning=True, think_budget=0), index)
+    assert state.allowed().id_set(index) == {end}
+    state.advance(end)
+    assert allowed_bytes(state) == {b"g", b"ge", b"get_", b"get_a"}
+
+
 def test_validation() -> None:
-    for bad in [PrefixConstraint(()), PrefixConstraint((b"",)), PrefixConstraint(("text",)),  # type: ignore[arg-type]
-                PrefixConstraint((b"a",), think_end_id=-1)]:
+    for bad in [OutputConstraint(()), OutputConstraint((b"",)), OutputConstraint(("text",)),  # type: ignore[arg-type]
+                OutputConstraint((b"a",), think_end_id=-1), OutputConstraint(think_budget=3),
+                OutputConstraint(think_end_id=1, think_budget=-1), OutputConstraint(think_end_id=1, think_budget=True)]:
         with pytest.raises(ValueError):
             SamplingParams(constraint=bad).validate()
 
@@ -125,7 +160,7 @@ def test_index_of_a_real_tokenizer_counts_added_tokens(tiny: LoadedModel) -> Non
     assert token_index(tok, tiny.config.vocab_size) is index  # built once
     call = tok.added_tokens["<tool_call>"]
     assert index.bytes_of(call) == b"<tool_call>"
-    state = ConstraintState(PrefixConstraint((b"<tool_call>\n{",)), index)
+    state = ConstraintState(OutputConstraint((b"<tool_call>\n{",)), index)
     allowed = state.allowed()
     assert allowed is not None and call in allowed.id_set(index)
     assert not any(tok.decode([i]) == "" for i in allowed.id_set(index))
@@ -159,7 +194,7 @@ def output_bytes(tiny: LoadedModel, ids: list[int]) -> bytes:
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_forced_row_in_a_batch_leaves_the_others_alone(tiny: LoadedModel, sampled: bool) -> None:
-    c = PrefixConstraint((CALL, b'<tool_call>\n{"name": "get_time", "arguments": '))
+    c = OutputConstraint((CALL, b'<tool_call>\n{"name": "get_time", "arguments": '))
     prompts = [[5, 6, 7, 8], list(range(10, 31)), PROMPT, [9, 3]]
     seeds = range(4) if sampled else [None]
     for seed in seeds:
@@ -184,7 +219,7 @@ def test_eos_is_held_back_while_forcing_then_free(tiny: LoadedModel, monkeypatch
     engine = LLMEngine(tiny, CFG)
     eos = tiny.tokenizer.added_tokens["<|im_end|>"]
     biased(engine, monkeypatch, lambda seq: {eos: 1e4})  # the model wants to stop at once
-    out = engine.generate([PROMPT], SamplingParams.greedy(40, constraint=PrefixConstraint((CALL,))))[0]
+    out = engine.generate([PROMPT], SamplingParams.greedy(40, constraint=OutputConstraint((CALL,))))[0]
     # Forced to the end of the choice (the last forced token may run past it), then the
     # first free step stops.
     assert out.token_ids[-1] == eos and out.finish_reason.value == "stop"
@@ -201,7 +236,7 @@ def test_a_token_may_run_past_the_choice(tiny: LoadedModel, monkeypatch: pytest.
     # The model wants " France" (allowed only once the rest is " Fr" or shorter), then "Paris".
     biased(engine, monkeypatch, lambda seq: {france: 1e4, paris: 5e3})
     choice = b"The capital of Fr"
-    out = engine.generate([[5, 6]], SamplingParams.greedy(30, ignore_eos=True, constraint=PrefixConstraint((choice,))))[0]
+    out = engine.generate([[5, 6]], SamplingParams.greedy(30, ignore_eos=True, constraint=OutputConstraint((choice,))))[0]
     assert output_bytes(tiny, out.token_ids).startswith(b"The capital of France")
     cut = out.token_ids.index(france)  # the first " France" runs past the choice's end ...
     assert output_bytes(tiny, out.token_ids[:cut]) == b"The capital of"
@@ -213,7 +248,7 @@ def test_reasoning_first_then_forced(tiny: LoadedModel, monkeypatch: pytest.Monk
     tok = tiny.tokenizer
     think, end = tok.added_tokens["<think>"], tok.added_tokens["</think>"]
     paris = tok.token_to_id("Paris")
-    c = PrefixConstraint((CALL,), think_start_id=think, think_end_id=end)
+    c = OutputConstraint((CALL,), think_start_id=think, think_end_id=end)
 
     def wants(seq: Sequence) -> dict[int, float]:
         n = seq.num_output_tokens  # <think> Paris Paris </think>, then Paris forever
@@ -231,11 +266,11 @@ def test_reasoning_first_then_forced(tiny: LoadedModel, monkeypatch: pytest.Monk
     # Without reasoning in the constraint, the same model is forced from the first token.
     engine = LLMEngine(tiny, CFG)
     biased(engine, monkeypatch, wants)
-    out = engine.generate([PROMPT], SamplingParams.greedy(30, ignore_eos=True, constraint=PrefixConstraint((CALL,))))[0]
+    out = engine.generate([PROMPT], SamplingParams.greedy(30, ignore_eos=True, constraint=OutputConstraint((CALL,))))[0]
     assert output_bytes(tiny, out.token_ids).startswith(CALL) and think not in out.token_ids[:1]
 
     # The prompt ends inside the block: free until </think>.
-    c = PrefixConstraint((CALL,), think_start_id=think, think_end_id=end, starts_in_reasoning=True)
+    c = OutputConstraint((CALL,), think_start_id=think, think_end_id=end, starts_in_reasoning=True)
     engine = LLMEngine(tiny, CFG)
     biased(engine, monkeypatch, lambda seq: {end: 1e4} if seq.num_output_tokens == 2 else {paris: 1e4})
     out = engine.generate([PROMPT], SamplingParams.greedy(30, ignore_eos=True, constraint=c))[0]
@@ -243,12 +278,30 @@ def test_reasoning_first_then_forced(tiny: LoadedModel, monkeypatch: pytest.Monk
     assert output_bytes(tiny, out.token_ids[3:]).startswith(CALL)
 
 
+def test_thinking_budget_closes_the_block(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = tiny.tokenizer
+    think, end = tok.added_tokens["<think>"], tok.added_tokens["</think>"]
+    paris = tok.token_to_id("Paris")
+    # A model that opens a think block and never closes it.
+    wants = lambda seq: {think: 1e4} if seq.num_output_tokens == 0 else {paris: 1e4}  # noqa: E731
+    for budget, opened_by in [(3, "model"), (0, "model"), (2, "prompt")]:
+        engine = LLMEngine(tiny, CFG)
+        biased(engine, monkeypatch, wants if opened_by == "model" else (lambda seq: {paris: 1e4}))
+        c = OutputConstraint(think_start_id=think, think_end_id=end, think_budget=budget,
+                             starts_in_reasoning=opened_by == "prompt")
+        out = engine.generate([PROMPT], SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True,
+                                                       constraint=c))[0]
+        head = [think] if opened_by == "model" else []
+        assert out.token_ids[: len(head) + budget + 1] == head + [paris] * budget + [end]
+        assert out.token_ids[len(head) + budget + 1 :] == [paris] * (12 - len(head) - budget - 1)  # free after
+
+
 def test_preemption_keeps_the_state(tiny: LoadedModel) -> None:
     """A sequence preempted mid-forcing (its KV recomputed) still ends with the choice."""
     cfg = EngineConfig(num_kv_blocks=10, block_size=4, cpu_pack_weights=False, max_num_seqs=4)
     choice = b'<tool_call>\n{"name": "f"'
     prompts = [list(range(10, 18)), list(range(20, 28)), list(range(30, 38))]
-    params = [SamplingParams.greedy(20, ignore_eos=True, constraint=PrefixConstraint((choice,)))] * 3
+    params = [SamplingParams.greedy(20, ignore_eos=True, constraint=OutputConstraint((choice,)))] * 3
     engine = LLMEngine(tiny, cfg)
     outs = engine.generate(prompts, params)
     assert engine.scheduler.num_preemptions > 0
@@ -258,7 +311,7 @@ def test_preemption_keeps_the_state(tiny: LoadedModel) -> None:
 
 def test_logprobs_of_forced_tokens_come_from_the_masked_distribution(tiny: LoadedModel) -> None:
     out = LLMEngine(tiny, CFG).generate(
-        [PROMPT], SamplingParams.greedy(20, ignore_eos=True, top_logprobs=5, constraint=PrefixConstraint((CALL,))))[0]
+        [PROMPT], SamplingParams.greedy(20, ignore_eos=True, top_logprobs=5, constraint=OutputConstraint((CALL,))))[0]
     assert all(lp <= 0.0 and lp > float("-inf") for lp in out.logprobs)
     # The first token is forced to "<tool_call>" or "<" (only they fit): the alternatives are
     # those allowed ones, never an impossible (-inf) token.
@@ -273,7 +326,7 @@ def test_requires_a_byte_level_vocabulary(tiny: LoadedModel, monkeypatch: pytest
     engine = LLMEngine(tiny, CFG)
     monkeypatch.setattr(type(engine.tokenizer), "is_byte_level", property(lambda self: False))
     with pytest.raises(ValueError, match="byte-level"):
-        engine.add_request("x", PROMPT, SamplingParams(constraint=PrefixConstraint((CALL,))))
+        engine.add_request("x", PROMPT, SamplingParams(constraint=OutputConstraint((CALL,))))
     assert not engine.seqs
 
 
@@ -292,7 +345,7 @@ def test_row_by_row_retry_masks_the_original_logits(tiny: LoadedModel, monkeypat
         return real(logits, params, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(model_runner, "sample", flaky)
-    params = [SamplingParams(max_tokens=48, temperature=1.0, seed=3, ignore_eos=True, constraint=PrefixConstraint((CALL,))),
+    params = [SamplingParams(max_tokens=48, temperature=1.0, seed=3, ignore_eos=True, constraint=OutputConstraint((CALL,))),
               SamplingParams(max_tokens=48, temperature=1.0, seed=4, ignore_eos=True)]
     done = LLMEngine(tiny, CFG).generate([PROMPT, [5, 6, 7]], params)
     assert failed

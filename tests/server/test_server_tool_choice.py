@@ -16,7 +16,7 @@ from server_harness import Frames, client, http
 
 from ignis.output_parser import ParserConfig
 from ignis.server.render import hermes_tools_block
-from ignis.server.tool_choice import call_prefix, require_call, required_tools
+from ignis.server.constraints import call_prefix, constrain_output, required_tools
 from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice
 from protocol.decode import decode_request
 from protocol.responses_conversation import to_conversation
@@ -101,7 +101,7 @@ def test_the_forced_start_is_the_format_the_prompt_teaches(srv, scripted_server)
         assert WEATHER + '{"city": "Paris"}}\n</tool_call>' in text, text
 
 
-def test_require_call_per_tool_choice(srv) -> None:
+def test_constrain_output_per_tool_choice(srv) -> None:
     ctx = srv.ctx
     tok, vocab = ctx.loaded.tokenizer, ctx.loaded.config.vocab_size
 
@@ -110,7 +110,7 @@ def test_require_call_per_tool_choice(srv) -> None:
                              transport="http")
         conv = to_conversation(req)
         prompt = ctx.renderer.render(conv.messages, conv.tools, conv.tool_choice)
-        return prompt, *require_call(prompt, conv.tool_choice, conv.tools, tok, vocab)
+        return prompt, *constrain_output(prompt, conv.tool_choice, conv.tools, tok, vocab)
 
     for free in ("auto", "none"):
         prompt, same, constraint = prepared(free)
@@ -247,3 +247,38 @@ def test_scripted_auto_and_none_as_before(scripted_server) -> None:
     assert resp["status"] == "completed" and text_of(resp) == "Hi!"
     resp = scripted(scripted_server, input=paris, tools=TOOLS, tool_choice="none")
     assert resp["status"] == "completed" and not calls_of(resp) and "<tool_call>" in text_of(resp)
+
+
+def test_thinking_budget_from_reasoning_effort_and_chat_thinking(srv, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ignis.server.responses_http import prepare
+
+    ctx = srv.ctx
+    end = ctx.loaded.tokenizer.added_tokens["</think>"]
+
+    def constraint(**body: Any) -> Any:
+        req = decode_request({"model": "tiny", "input": "hi", **body}, transport="http")
+        return prepare(ctx, req)[1].constraint
+
+    c = constraint(reasoning={"effort": "minimal"})
+    assert (c.think_budget, c.think_end_id, c.choices) == (256, end, ())
+    assert constraint(reasoning={"effort": "high"}).think_budget == 16384
+    for unbounded in ({"effort": "xhigh"}, {"effort": "none"}, {}):
+        assert constraint(reasoning=unbounded) is None
+    # With a required call the same constraint also forces the call's start.
+    c = constraint(reasoning={"effort": "low"}, tools=TOOLS, tool_choice=NAMED)
+    assert (c.think_budget, c.choices) == (1024, (WEATHER.encode(),))
+
+
+    # Chat's own knob, through the route to the engine.
+    seen: list[Any] = []
+    real = ctx.admission.try_now
+
+    def spy(ids: Any, params: Any, **kw: Any) -> Any:
+        seen.append(params)
+        return real(ids, params, **kw)
+
+    monkeypatch.setattr(ctx.admission, "try_now", spy)
+    r = chat(srv, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
+             thinking={"type": "enabled", "budget_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert seen[-1].constraint.think_budget == 2

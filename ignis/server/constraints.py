@@ -1,8 +1,9 @@
-"""``tool_choice`` that demands a call: what the engine forces, and what the server checks.
+"""What the engine must enforce on an answer, and what the server checks after it.
 
-``"required"`` (any of the tools), a named function, or ``allowed_tools`` with mode
-``required`` (the conversation's tool list is already cut to the allowed ones) decode
-to ``ToolChoice(mode="required", name=...)``. For those:
+``tool_choice`` that demands a call: ``"required"`` (any of the tools), a named
+function, or ``allowed_tools`` with mode ``required`` (the conversation's tool list is
+already cut to the allowed ones) decode to ``ToolChoice(mode="required", name=...)``.
+For those:
 
 - The engine forces the answer's first tokens (after an optional think block) to
   spell the opening of a call, one choice per allowed function, exactly as the Hermes
@@ -13,8 +14,13 @@ to ``ToolChoice(mode="required", name=...)``. For those:
   (`missing_call_message`, checked in generation.drive through
   ``ParserConfig.required_tools``).
 
-Not forced (the check still applies): vocabularies without token bytes (not
-byte-level BPE). Think tags that are not single token ids: forcing starts at once.
+A thinking budget (``reasoning.effort``, chat's ``thinking.budget_tokens``; see
+protocol/sampling.py) closes the think block after that many tokens: the engine forces
+the closing tag, and the answer follows.
+
+Not forced (the tool check still applies): vocabularies without token bytes (not
+byte-level BPE). Think tags that are not single token ids: forcing starts at once,
+and a budget cannot be kept.
 """
 
 from __future__ import annotations
@@ -24,12 +30,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ignis.engine.constraint import PrefixConstraint, token_index
+from ignis.engine.constraint import OutputConstraint, token_index
 from ignis.output_parser import ParserConfig
 from ignis.server.render import Prompt
 from protocol.conversation import FunctionTool, ToolChoice
 
-__all__ = ["call_prefix", "missing_call_message", "require_call", "required_tools"]
+__all__ = ["call_prefix", "constrain_output", "missing_call_message", "required_tools"]
 
 
 def required_tools(choice: ToolChoice, tools: Sequence[FunctionTool]) -> tuple[str, ...]:
@@ -52,28 +58,41 @@ def _single_id(tokenizer: Any, tag: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def require_call(
-    prompt: Prompt, choice: ToolChoice, tools: Sequence[FunctionTool], tokenizer: Any, vocab_size: int
-) -> tuple[Prompt, PrefixConstraint | None]:
+def constrain_output(
+    prompt: Prompt,
+    choice: ToolChoice,
+    tools: Sequence[FunctionTool],
+    tokenizer: Any,
+    vocab_size: int,
+    *,
+    think_budget: int | None = None,
+) -> tuple[Prompt, OutputConstraint | None]:
     """`prompt` with the required tools in its parser config, and the constraint that
-    forces a call to one of them (None when nothing is demanded, or the vocabulary has
-    no token bytes). Builds the engine's token index on first use (off the engine's
-    thread: callers run in a worker thread)."""
+    forces a call to one of them and keeps the think block within `think_budget` (None
+    when there is nothing to enforce, or the vocabulary has no token bytes). Builds the
+    engine's token index on first use (off the engine's thread: callers run in a worker
+    thread)."""
     names = required_tools(choice, tools)
-    if not names:
-        return prompt, None
     parser = prompt.parser
-    prompt = replace(prompt, parser=replace(parser, required_tools=names))
-    if not getattr(tokenizer, "is_byte_level", False):
+    if names:
+        prompt = replace(prompt, parser=replace(parser, required_tools=names))
+    if not parser.reasoning:
+        think_budget = None
+    if not (names or think_budget is not None) or not getattr(tokenizer, "is_byte_level", False):
         return prompt, None
     think_start = think_end = None
     if parser.reasoning:
         think_start, think_end = _single_id(tokenizer, parser.think_start), _single_id(tokenizer, parser.think_end)
-    constraint = PrefixConstraint(
+    if think_end is None:
+        think_budget = None
+        if not names:
+            return prompt, None
+    constraint = OutputConstraint(
         tuple(call_prefix(n, parser).encode("utf-8") for n in names),
         think_start_id=think_start,
         think_end_id=think_end,
         starts_in_reasoning=parser.reasoning and parser.starts_in_reasoning,
+        think_budget=think_budget,
     )
     token_index(tokenizer, vocab_size)
     return prompt, constraint
