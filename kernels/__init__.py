@@ -9,11 +9,15 @@ nothing of ignis. Public ops:
                   *, max_query_len=None, max_seq_len=None, num_splits=None)
   sample(logits, params: SamplingTensors, return_logprobs=False, inplace_penalties=False,
          backend=None)  -- see kernels.sampling
+  BatchedCpuAttention(block_tables, query_start_loc, seq_lens, *, num_decodes, ...)
+         -- paged attention on the CPU with all decode rows in one SDPA per layer
+         (see kernels.attention_cpu; the engine's CPU path)
 
 backend: None (the process default, see set_backend), "auto", "triton" or "torch".
 """
 
 from kernels.attention import paged_attention
+from kernels.attention_cpu import BatchedCpuAttention
 from kernels.attention_ref import paged_attention_ref
 from kernels.backend import Backend, get_backend, set_backend
 from kernels.kv_cache import write_kv
@@ -22,6 +26,7 @@ from kernels.sampling import SamplingTensors, sample, sample_ref
 
 __all__ = [
     "Backend",
+    "BatchedCpuAttention",
     "get_backend",
     "paged_attention",
     "paged_attention_ref",

@@ -7,9 +7,8 @@
     engine.py         LLMEngine: the synchronous core (add_request / abort_request / step)
     async_engine.py   AsyncEngine: the core in its own thread, asyncio streams, capacity
     stop.py           incremental detokenization and stop strings
-    constraint.py     forced starts (a required tool call): allowed tokens per step
+    constraint.py     forced starts (a required tool call) and thinking budgets: allowed tokens per step
     sampling_params.py, outputs.py   what a request asks for, what comes back
-    cpu_attention.py  batched paged attention for the CPU (decode rows in one SDPA)
     cpu_weights.py    oneDNN-packed linear weights for the CPU
 """
 

@@ -20,7 +20,6 @@ import torch
 
 import kernels
 from ignis.engine.constraint import TokenIndex
-from ignis.engine.cpu_attention import BatchedCpuAttention
 from ignis.engine.cpu_weights import pack_linear_weights, unpack_linear_weights
 from ignis.engine.scheduler import ScheduledBatch
 from ignis.engine.sequence import Sequence
@@ -112,7 +111,7 @@ class ModelRunner:
         self.head_op = pack_linear_weights(model) if pack_cpu_weights else None
         if not pack_cpu_weights:
             unpack_linear_weights(model)
-        # Batched decode attention on the CPU (see cpu_attention.py) when the model
+        # Batched decode attention on the CPU (kernels.attention_cpu) when the model
         # takes a per-step attention op.
         self.use_cpu_attention = (
             self.device.type == "cpu"
@@ -197,7 +196,7 @@ class ModelRunner:
         )
         if self.use_cpu_attention:
             num_decodes = int(np.count_nonzero(q_lens == 1))
-            meta.attention_op = BatchedCpuAttention(
+            meta.attention_op = kernels.BatchedCpuAttention(
                 meta.block_tables, meta.query_start_loc, meta.seq_lens,
                 num_decodes=num_decodes,
                 decode_max_seq_len=int(seq_lens[:num_decodes].max()) if num_decodes else 0,

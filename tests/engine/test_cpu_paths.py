@@ -10,7 +10,7 @@ import torch
 
 from ignis.config import EngineConfig
 from ignis.engine import LLMEngine, SamplingParams
-from ignis.engine.cpu_attention import BatchedCpuAttention
+from kernels import BatchedCpuAttention
 from ignis.model import LoadedModel
 from kernels import paged_attention_ref
 

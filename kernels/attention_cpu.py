@@ -1,4 +1,4 @@
-"""A batched paged-attention path for the CPU, built once per step by the runner.
+"""A batched paged-attention path for the CPU, built once per step by the engine's runner.
 
 kernels.paged_attention on a CPU tensor runs the PyTorch reference, which loops over
 sequences in Python (about 20 small ops per sequence per layer: half of a 64-way
@@ -9,8 +9,6 @@ token (prefill chunks) still go through the reference, one sequence at a time.
 
 The runner puts the decode rows first in the batch, so they are q[:num_decodes].
 Same contract and signature as kernels.paged_attention (the hints are ignored).
-This is the CPU path of an op and belongs in kernels/ next to the reference; it lives
-here until the kernels package grows a batched torch backend.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_attention_ref
+from kernels.attention_ref import paged_attention_ref
 
 
 class BatchedCpuAttention:
