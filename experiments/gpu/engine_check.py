@@ -129,6 +129,53 @@ def time_forward(engine, device: str, iters: int = 20) -> float | None:
     return (time.perf_counter() - start) * 1000 / iters
 
 
+CALL = b'<tool_call>\n{"name": "get_weather", "arguments": '
+
+
+def check_constrained(loaded, device: str, batch: int = 8, steps: int = 64) -> dict:
+    """The paths a plain decode never takes, on this device: half the rows forced to open
+    a tool call (the runner's masking: ids and byte-ordered ranges uploaded, scattered
+    into a mask), sampled at temperature 1 with 5 top logprobs, beside free greedy rows.
+    ok = every forced row starts with the call, every free row equals its run alone, and
+    every alternatives list is sorted and holds the sampled token's logprob when present."""
+    from ignis.config import EngineConfig, KernelBackend
+    from ignis.engine import LLMEngine, SamplingParams
+    from ignis.engine.constraint import OutputConstraint
+
+    # Enough tokens for the call spelt a byte at a time (a random model picks short pieces).
+    cfg = EngineConfig(kernel_backend=KernelBackend.auto, max_num_seqs=batch, num_kv_blocks=batch * 8 + 8,
+                       enable_prefix_caching=False)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(100, 40000, (32,), generator=gen).tolist() for _ in range(batch)]
+    forced = SamplingParams(max_tokens=steps, temperature=1.0, seed=7, ignore_eos=True, top_logprobs=5,
+                            constraint=OutputConstraint((CALL,)))
+    free = SamplingParams.greedy(steps, ignore_eos=True)
+    params = [forced if i % 2 == 0 else free for i in range(batch)]
+    sync(device)
+    start = time.perf_counter()
+    outs = LLMEngine(loaded, cfg).generate(prompts, params)
+    sync(device)
+    ms = (time.perf_counter() - start) * 1000
+    tok = loaded.tokenizer
+    problems = []
+    for i, out in enumerate(outs):
+        if i % 2 == 0:
+            text = b"".join(tok.token_bytes(t) for t in out.token_ids if t < tok.vocab_size)
+            if not text.startswith(CALL):
+                problems.append(f"row {i} not forced")
+            for t, lp, top in zip(out.token_ids, out.logprobs or (), out.top_logprobs or ()):
+                lps = [a_lp for _, a_lp in top]
+                if lps != sorted(lps, reverse=True) or any(a == t and abs(a_lp - lp) > 1e-4 for a, a_lp in top):
+                    problems.append(f"row {i} alternatives")
+                    break
+    alone = LLMEngine(loaded, cfg).generate([prompts[1]], free)[0]
+    if alone.token_ids != outs[1].token_ids:
+        problems.append("a free row changed beside forced ones")
+    return {"op": "engine forced + top_logprobs", "shape": f"bs={batch} ({batch // 2} forced) x {steps}",
+            "ms": ms, "gbs": None, "frac_bw": None, "vs": "; ".join(problems) or "forced rows open the call",
+            "max_err": None, "ok": not problems}
+
+
 def run(copy_gbs: float | None, *, batches=(1, 64, 256), steps: int = 32, device: str = "cuda",
         tiny: bool = False, prompt_len: int = PROMPT_LEN) -> list[dict]:
     """Rows in check_kernels.py's table format."""
@@ -146,6 +193,8 @@ def run(copy_gbs: float | None, *, batches=(1, 64, 256), steps: int = 32, device
             "vs": f"{r['tok_s']:.0f} tok/s; forward alone {fwd:.3f} ms" if fwd is not None else f"{r['tok_s']:.0f} tok/s",
             "max_err": None, "ok": True,
         })
+    print("engine forced starts and top logprobs ...", flush=True)
+    rows.append(check_constrained(loaded, device))
     return rows
 
 

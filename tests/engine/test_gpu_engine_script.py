@@ -13,6 +13,7 @@ from experiments.gpu import engine_check  # noqa: E402
 
 def test_engine_check_runs_at_toy_sizes():
     rows = engine_check.run(None, batches=(1, 3), steps=2, device="cpu", tiny=True, prompt_len=32)
-    assert [r["shape"] for r in rows] == ["tiny bs=1 ctx~32", "tiny bs=3 ctx~32"]
-    for r in rows:
+    assert [r["shape"] for r in rows[:2]] == ["tiny bs=1 ctx~32", "tiny bs=3 ctx~32"]
+    for r in rows[:2]:
         assert r["ok"] and r["ms"] > 0 and r["gbs"] > 0 and "tok/s" in r["vs"]
+    assert rows[2]["op"] == "engine forced + top_logprobs" and rows[2]["ok"], rows[2]["vs"]
