@@ -21,8 +21,9 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 _PLACEHOLDER_DIGITS = 24
-# The scan of each string is remembered (an agent resends the same history every turn),
-# up to this many characters of strings; then the memory starts over.
+# A string found free of markup is remembered (an agent resends the same history every
+# turn), up to this many characters of strings; then the memory starts over. Strings
+# with markup (rare) are scanned each time, so the memory holds strings only.
 _MEMO_CHARS = 1 << 22
 
 
@@ -63,10 +64,10 @@ class Neutralizer:
         # fragment there): tails matched at a string's start, heads reversed at its end.
         self._tail_at = _longest_first(self._tails)
         self._head_at_end = _longest_first(h[::-1] for h in self._heads)
-        # string -> its risky spans. Shared by the server's worker threads: each dict
+        # Strings found free of markup. Shared by the server's worker threads: each set
         # operation is atomic, and a lost update only costs a rescan.
-        self._scanned: dict[str, tuple[tuple[int, int], ...]] = {}
-        self._scanned_chars = 0
+        self._clean: set[str] = set()
+        self._clean_chars = 0
 
     def neutralize(self, value: Any, *, avoid: str = "") -> tuple[Any, dict[str, str]]:
         """(copy of `value` with markup swapped, {placeholder: original}). The map is empty
@@ -92,16 +93,17 @@ class Neutralizer:
             return text
         return re.sub("|".join(originals), lambda m: originals[m.group(0)], text)
 
-    def _spans(self, s: str) -> tuple[tuple[int, int], ...]:
-        """`_risky_spans(s)`, remembered."""
-        spans = self._scanned.get(s)
-        if spans is None:
-            spans = tuple(self._risky_spans(s))
-            if self._scanned_chars + len(s) > _MEMO_CHARS:
-                self._scanned.clear()
-                self._scanned_chars = 0
-            self._scanned[s] = spans
-            self._scanned_chars += len(s)
+    def _spans(self, s: str) -> list[tuple[int, int]]:
+        """`_risky_spans(s)`, with the clean strings remembered."""
+        if s in self._clean:
+            return []
+        spans = self._risky_spans(s)
+        if not spans:
+            if self._clean_chars + len(s) > _MEMO_CHARS:
+                self._clean.clear()
+                self._clean_chars = 0
+            self._clean.add(s)
+            self._clean_chars += len(s)
         return spans
 
     def _risky_spans(self, s: str) -> list[tuple[int, int]]:

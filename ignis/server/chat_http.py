@@ -42,7 +42,8 @@ def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
     prompt = ctx.renderer.render(req.messages, req.tools, req.tool_choice, thinking=req.sampling.thinking,
                                  param="messages")
     prompt, constraint = constrain_output(prompt, req.tool_choice, req.tools, ctx.loaded.tokenizer,
-                                          ctx.loaded.config.vocab_size, think_budget=req.sampling.thinking_budget)
+                                          ctx.loaded.config.vocab_size, think_budget=req.sampling.thinking_budget,
+                                          stop=req.sampling.stop or ())
     params = engine_params(req.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
                            logprobs=req.logprobs, param="messages", constraint=constraint)
     return req, prompt, params

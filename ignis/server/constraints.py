@@ -34,6 +34,7 @@ from ignis.engine.constraint import OutputConstraint, token_index
 from ignis.output_parser import ParserConfig
 from ignis.server.render import Prompt
 from protocol.conversation import FunctionTool, ToolChoice
+from protocol.errors import Refusal
 
 __all__ = ["call_prefix", "constrain_output", "missing_call_message", "required_tools"]
 
@@ -66,12 +67,14 @@ def constrain_output(
     vocab_size: int,
     *,
     think_budget: int | None = None,
+    stop: Sequence[str] = (),
 ) -> tuple[Prompt, OutputConstraint | None]:
     """`prompt` with the required tools in its parser config, and the constraint that
     forces a call to one of them and keeps the think block within `think_budget` (None
     when there is nothing to enforce, or the vocabulary has no token bytes). Builds the
     engine's token index on first use (off the engine's thread: callers run in a worker
-    thread)."""
+    thread). A `stop` string that would cut the forced text is the client's mistake: a
+    400 on ``stop``, not a turn that fails for certain."""
     names = required_tools(choice, tools)
     parser = prompt.parser
     if names:
@@ -87,8 +90,16 @@ def constrain_output(
         think_budget = None
         if not names:
             return prompt, None
+    choices = [call_prefix(n, parser) for n in names]
+    for text in stop:
+        if any(_cuts(text, c) for c in choices):
+            raise Refusal(
+                f"Invalid 'stop': {text!r} would cut the start of the tool call that 'tool_choice' demands "
+                f"({choices[0]!r}...); use stop sequences that cannot occur in it.",
+                param="stop", code="invalid_value",
+            )
     constraint = OutputConstraint(
-        tuple(call_prefix(n, parser).encode("utf-8") for n in names),
+        tuple(c.encode("utf-8") for c in choices),
         think_start_id=think_start,
         think_end_id=think_end,
         starts_in_reasoning=parser.reasoning and parser.starts_in_reasoning,
@@ -96,6 +107,12 @@ def constrain_output(
     )
     token_index(tokenizer, vocab_size)
     return prompt, constraint
+
+
+def _cuts(stop: str, forced: str) -> bool:
+    """Whether a match of `stop` could begin inside `forced` (the text the engine writes
+    itself): it occurs in it, or it begins with an end of it."""
+    return stop in forced or any(stop.startswith(forced[k:]) for k in range(1, len(forced)))
 
 
 def missing_call_message(names: Sequence[str]) -> str:

@@ -499,6 +499,24 @@ def test_neutralizer_swaps_only_markup() -> None:
     assert all(len(p) == 24 and p.isdigit() for p in originals)
 
 
+def test_neutralizer_remembers_clean_strings_only(monkeypatch) -> None:
+    from ignis.model import client_text
+    from ignis.model.client_text import Neutralizer
+
+    guard = Neutralizer(["<|im_start|>", "<think>"])
+    data = ["plain text " * 50, "x <think> y", "also plain"]
+    first = guard.neutralize(data)
+    for _ in range(3):  # the same strings again: markup still swapped, every time
+        neutral, originals = guard.neutralize(data)
+        assert sorted(originals.values()) == ["<think>"] and neutral[0] == data[0] and "<think>" not in neutral[1]
+    assert first[0][0] == neutral[0]
+    assert guard._clean == {data[0], data[2]}  # the string with markup is not kept
+    # Bounded by characters: past the limit the memory starts over.
+    monkeypatch.setattr(client_text, "_MEMO_CHARS", 600)
+    guard.neutralize(["y" * 400])
+    assert guard._clean == {"y" * 400} and guard._clean_chars == 400
+
+
 def test_neutralizer_edge_fragments_are_the_longest_at_each_edge() -> None:
     """The edge search (regexes) against its definition: the longest proper suffix of a
     token at a string's trimmed start, the longest proper prefix at its end, unless a

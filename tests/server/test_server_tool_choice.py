@@ -170,6 +170,20 @@ def test_chat_named_function_then_a_malformed_call_fails(srv) -> None:
     assert chunks[-1]["error"]["code"] == "server_error" and FAILED in chunks[-1]["error"]["message"]
 
 
+def test_a_stop_string_that_would_cut_the_forced_start_is_refused(srv) -> None:
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    body = {"messages": msgs, "tools": CHAT_TOOLS, "temperature": 0, "max_tokens": 8}
+    for tool_choice in (CHAT_NAMED, "required"):
+        for stop in (["\n"], ["name"], ['arguments": {'], ["zz", ": {"]):  # inside it, or running out of it
+            r = chat(srv, **body, tool_choice=tool_choice, stop=stop)
+            assert r.status_code == 400, (stop, r.text)
+            err = r.json()["error"]
+            assert err["param"] == "stop" and err["code"] == "invalid_value" and "tool_choice" in err["message"]
+    # Stop strings that cannot meet the forced text, or no demand for a call: accepted.
+    assert chat(srv, **body, tool_choice=CHAT_NAMED, stop=["zz"]).status_code == 200
+    assert chat(srv, **body, tool_choice="auto", stop=["\n"]).status_code == 200
+
+
 def test_auto_and_none_are_not_forced(srv, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
     real = srv.ctx.admission.try_now
