@@ -69,7 +69,16 @@ Latency
     plus the whitespace the rules above may drop. ``"a < b"`` fed as ``"a <"`` gives
     ``"a "`` at once and ``"< b"`` with the next chunk. The deltas of one `feed` are
     coalesced; empty deltas are never emitted. The parser sees text only: logprobs
-    are attached by the caller.
+    are attached by the caller, which `text_spans` helps place.
+
+Where the answer text came from
+    Every `TextDelta` is a contiguous stretch of the input (text as fed, a malformed
+    block with its tags and the whitespace before it included). After each `feed` /
+    `finish`, `text_spans` lists the input stretches, as ``(start, end)`` character
+    offsets into the concatenation of everything fed, of the answer text that call
+    emitted, in order; their texts, concatenated, are that call's `TextDelta` texts.
+    Reasoning, tool-call blocks and dropped whitespace are in no span. `settled` is the
+    offset before which every character has been emitted or dropped for good.
 
 Invariants (checked in tests/test_output_parser.py): the coalesced deltas do not
 depend on how the text is chunked; with ``reasoning=False, tools=False`` the text out
@@ -250,7 +259,8 @@ class OutputParser:
     call `finish` once at the end of generation. See the module docstring."""
 
     __slots__ = (
-        "config", "saw_tool_call", "call_names", "_state", "_buf", "_think_allowed", "_after_call", "_reasoning_start", "_pending_ws", "_parts",
+        "config", "saw_tool_call", "call_names", "text_spans", "_state", "_buf", "_think_allowed", "_after_call", "_reasoning_start", "_pending_ws", "_parts",
+        "_fed", "_block_start",
     )
 
     def __init__(self, config: ParserConfig | None = None) -> None:
@@ -260,6 +270,12 @@ class OutputParser:
         self._reasoning_start = True  # in _REASONING: leading whitespace is dropped
         self._pending_ws = ""  # whitespace dropped before a tool block, restored if it is malformed
         self._parts: list[str] = []  # in _TOOL: the block's text before _buf
+        # Characters fed so far: _buf is always the input's last len(_buf) characters,
+        # so buf[k] sits at offset _fed - len(buf) + k.
+        self._fed = 0
+        self._block_start = 0  # in _TOOL: input offset of the block (its _pending_ws first)
+        #: The input spans of the answer text the last `feed` / `finish` emitted.
+        self.text_spans: list[tuple[int, int]] = []
         #: True once a `ToolCallStart` was emitted (finish reason ``tool_calls``).
         self.saw_tool_call = False
         #: The names of the valid calls emitted so far, in order.
@@ -273,15 +289,18 @@ class OutputParser:
 
     def feed(self, text: str) -> list[Delta]:
         """The deltas that `text` (the next piece of output) makes certain."""
+        self.text_spans = []
         if not text or self._state == _DONE:
             return []
         self._buf += text
+        self._fed += len(text)
         out: list[Delta] = []
         self._run(out, final=False)
         return coalesce(out)
 
     def finish(self) -> list[Delta]:
         """End of generation: flush what was held back. Later calls (and feeds) give []."""
+        self.text_spans = []
         if self._state == _DONE:
             return []
         out: list[Delta] = []
@@ -289,6 +308,20 @@ class OutputParser:
         self._buf = ""
         self._state = _DONE
         return coalesce(out)
+
+    @property
+    def settled(self) -> int:
+        """Input offset before which every character was emitted or dropped for good
+        (what follows is held back: a possible tag, whitespace, a tool-call block)."""
+        if self._state == _TOOL:
+            return self._block_start
+        return self._fed - len(self._buf)
+
+    def _emit_text(self, out: list[Delta], text: str, start: int) -> None:
+        """Answer text that sits at input offset `start`."""
+        out.append(TextDelta(text))
+        if text:
+            self.text_spans.append((start, start + len(text)))
 
     # -- states ----------------------------------------------------------------------
 
@@ -317,6 +350,7 @@ class OutputParser:
                 else:  # restored if the block turns out malformed
                     self._state = _TOOL
                     self._pending_ws = ws
+                    self._block_start = self._fed - len(buf)
                 return True
         if not final and any(tag.startswith(rest) for tag, _ in tags):
             return False  # whitespace and maybe the start of a tag: wait
@@ -334,17 +368,18 @@ class OutputParser:
             i = buf.find(cfg.tool_start)
             if i >= 0:
                 if i:
-                    out.append(TextDelta(buf[:i]))
+                    self._emit_text(out, buf[:i], self._fed - len(buf))
                 self._buf = buf[i + len(cfg.tool_start) :]
                 self._state = _TOOL
                 self._pending_ws = ""
+                self._block_start = self._fed - len(buf) + i
                 return True
             keep = 0 if final else _held(buf, cfg.tool_start)
         else:
             keep = 0
         cut = len(buf) - keep
         if cut:
-            out.append(TextDelta(buf[:cut]))
+            self._emit_text(out, buf[:cut], self._fed - len(buf))
             self._buf = buf[cut:]
         return False
 
@@ -395,7 +430,8 @@ class OutputParser:
         i = buf.find(cfg.tool_end)
         if i < 0:
             if final:  # unterminated: not a call, plain text
-                out.append(TextDelta(self._pending_ws + cfg.tool_start + "".join(self._parts) + buf))
+                text = self._pending_ws + cfg.tool_start + "".join(self._parts) + buf
+                self._emit_text(out, text, self._block_start)
                 self._pending_ws = ""
                 self._parts = []
                 self._buf = ""
@@ -411,7 +447,7 @@ class OutputParser:
         self._buf = buf[i + len(cfg.tool_end) :]
         call = parse_tool_call(body)
         if call is None:
-            out.append(TextDelta(self._pending_ws + cfg.tool_start + body + cfg.tool_end))
+            self._emit_text(out, self._pending_ws + cfg.tool_start + body + cfg.tool_end, self._block_start)
             self._state = _TEXT
         else:
             name, arguments = call

@@ -60,7 +60,6 @@ Pure stdlib: no ignis, sanic, torch or asyncio.
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from typing import Any, Iterable
@@ -77,7 +76,7 @@ from protocol.deltas import (
     dispatch,
 )
 from protocol.errors import Refusal
-from protocol.events import TokenLogprob
+from protocol.events import LOGPROB_FLOOR, TokenLogprob
 from protocol.ids import call_id as new_call_id
 from protocol.response import Usage
 from protocol.stream import StreamStateError
@@ -103,9 +102,6 @@ __all__ = [
     "StreamStateError",
 ]
 
-# OpenAI's stand-in for "very unlikely" (JSON has no -inf).
-LOGPROB_FLOOR = -9999.0
-
 Chunks = list[dict[str, Any]]
 
 
@@ -114,26 +110,11 @@ def completion_id() -> str:
     return f"chatcmpl-{secrets.token_hex(24)}"
 
 
-def _lp(value: float) -> float:
-    value = float(value)
-    if math.isnan(value) or value < LOGPROB_FLOOR:
-        return LOGPROB_FLOOR
-    return min(value, 0.0)
-
-
-def _utf8(token: str) -> list[int]:
-    return list(token.encode("utf-8", errors="surrogatepass"))
-
-
 def chat_logprob(t: TokenLogprob) -> dict[str, Any]:
-    """One token in chat's ``logprobs.content`` shape (``bytes`` = UTF-8 of the token;
-    -inf and NaN become -9999.0, OpenAI's floor)."""
-    return {
-        "token": t.token,
-        "logprob": _lp(t.logprob),
-        "bytes": _utf8(t.token),
-        "top_logprobs": [{"token": tok, "logprob": _lp(lp), "bytes": _utf8(tok)} for tok, lp in t.top_logprobs],
-    }
+    """One token in chat's ``logprobs.content`` shape: the same fields as a Responses
+    ``output_text`` part's entry (`TokenLogprob.output_dict`: the token's own ``bytes``,
+    NaN / -inf floored at `LOGPROB_FLOOR`, OpenAI's -9999.0)."""
+    return t.output_dict()
 
 
 def chat_usage(usage: Usage | None) -> dict[str, Any]:

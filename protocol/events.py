@@ -7,12 +7,22 @@ Events are plain dicts, built by `protocol.stream.ResponseStream`, ready for
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import Refusal
 
-__all__ = ["TokenLogprob", "dumps", "sse", "SSE_DONE", "stream_error_event", "refusal_stream_error"]
+__all__ = [
+    "TokenLogprob",
+    "LOGPROB_FLOOR",
+    "wire_logprob",
+    "dumps",
+    "sse",
+    "SSE_DONE",
+    "stream_error_event",
+    "refusal_stream_error",
+]
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -32,30 +42,58 @@ def sse(event: dict[str, Any]) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
+# OpenAI's stand-in for "very unlikely": JSON has no -inf (nor NaN), and the encoder
+# refuses both, so every logprob on the wire goes through `wire_logprob`.
+LOGPROB_FLOOR = -9999.0
+
+
+def wire_logprob(value: float) -> float:
+    """A logprob fit for JSON: NaN, -inf and anything below `LOGPROB_FLOOR` become the
+    floor; +inf and positive values (impossible for a log-probability) are capped at 0."""
+    value = float(value)
+    if math.isnan(value) or value < LOGPROB_FLOOR:
+        return LOGPROB_FLOOR
+    return min(value, 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """One sampled token's logprob and its top alternatives ((token, logprob) pairs)."""
+    """One token (sampled, or an alternative) with its logprob.
+
+    `token_bytes`: the token's own bytes when known (a byte-level token may hold part of
+    a UTF-8 character, whose text alone reads U+FFFD); None: the UTF-8 of `token`.
+    `top_logprobs`: the step's most likely tokens, themselves `TokenLogprob`s (without
+    alternatives of their own)."""
 
     token: str
     logprob: float
-    top_logprobs: tuple[tuple[str, float], ...] = ()
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+    token_bytes: bytes | None = None
+
+    def wire_bytes(self) -> list[int]:
+        """OpenAI's ``bytes`` field: the token's bytes as a list of ints."""
+        if self.token_bytes is not None:
+            return list(self.token_bytes)
+        return list(self.token.encode("utf-8", errors="surrogatepass"))
 
     def delta_dict(self) -> dict[str, Any]:
         """The form inside ``response.output_text.delta`` / ``.done`` events."""
         return {
             "token": self.token,
-            "logprob": self.logprob,
-            "top_logprobs": [{"token": t, "logprob": lp} for t, lp in self.top_logprobs],
+            "logprob": wire_logprob(self.logprob),
+            "top_logprobs": [{"token": a.token, "logprob": wire_logprob(a.logprob)} for a in self.top_logprobs],
         }
 
     def output_dict(self) -> dict[str, Any]:
-        """The form inside a final ``output_text`` part (with UTF-8 ``bytes``)."""
+        """The form inside a final ``output_text`` part and in chat's ``logprobs.content``
+        (with ``bytes``)."""
         return {
             "token": self.token,
-            "bytes": list(self.token.encode("utf-8")),
-            "logprob": self.logprob,
+            "bytes": self.wire_bytes(),
+            "logprob": wire_logprob(self.logprob),
             "top_logprobs": [
-                {"token": t, "bytes": list(t.encode("utf-8")), "logprob": lp} for t, lp in self.top_logprobs
+                {"token": a.token, "bytes": a.wire_bytes(), "logprob": wire_logprob(a.logprob)}
+                for a in self.top_logprobs
             ],
         }
 

@@ -556,3 +556,47 @@ def test_call_names_record_the_valid_calls_only() -> None:
     assert p.call_names == ["get_time", "get_weather"]
     assert [d.name for d in deltas if isinstance(d, ToolCallStart)] == p.call_names
     assert OutputParser(ParserConfig()).call_names == []
+
+
+def _spans_check(chunks, cfg):
+    """Feed `chunks`, then finish: after each call `text_spans` are stretches of the input
+    whose texts are that call's answer text, in order across calls; `settled` never goes
+    back and never passes the input. Returns all the spans, adjacent ones merged."""
+    p, s = OutputParser(cfg), "".join(chunks)
+    fed, settled, last_end, spans = 0, 0, 0, []
+    for c in [*chunks, None]:
+        out = p.feed(c) if c is not None else p.finish()
+        fed += len(c or "")
+        assert "".join(s[a:b] for a, b in p.text_spans) == "".join(d.text for d in out if type(d) is T)
+        for a, b in p.text_spans:
+            assert last_end <= a < b
+            last_end = b
+            if spans and spans[-1][1] == a:  # adjacent: merged
+                spans[-1] = (spans[-1][0], b)
+            else:
+                spans.append((a, b))
+        assert settled <= p.settled <= fed
+        settled = p.settled
+    assert p.settled == len(s)
+    return spans
+
+
+def test_text_spans_mark_where_the_answer_came_from():
+    s = '\n<think>\nplan</think>\n\nHi <there\n<tool_call>{"name": "f", "arguments": {}}</tool_call>\n ok <tool_call>bad</tool_call>x'
+    spans = _spans_check(list(s), QWEN)
+    assert [s[a:b] for a, b in spans] == ["Hi <there\n", "\n ok <tool_call>bad</tool_call>x"]
+    assert _spans_check([s], QWEN) == spans
+    # whitespace before a malformed block is restored with it; an unterminated block is text
+    spans = _spans_check(["a", "<tool_call>", "{}", "</tool_call>", "  ", "<tool_call>", "{"], QWEN)
+    assert spans == [(0, 40)]
+    p = OutputParser(QWEN)
+    assert p.feed("<think>r") == [R("r")] and p.text_spans == [] and p.settled == 8
+    assert p.feed("</think>\n\nab <tool") == [T("ab ")] and p.text_spans == [(18, 21)] and p.settled == 21
+    assert p.feed("_call>{") == [] and p.text_spans == [] and p.settled == 21  # the block may be text yet
+
+
+@SETTINGS
+@given(s=st.text(max_size=60) | noisy_text, cfg=config, data=st.data())
+def test_text_spans_in_any_chunking(s, cfg, data):
+    _spans_check(chunked(s, split_points(data.draw, s)), cfg)
+    _spans_check(list(s), cfg)

@@ -25,6 +25,8 @@ ERROR          failed, ``server_error`` with the engine's message (this request 
 from __future__ import annotations
 
 import time
+import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,7 @@ from typing import Any
 from ignis.engine import FinishReason, RequestStream
 from ignis.output_parser import OutputParser
 from ignis.server.constraints import missing_call_message
-from protocol.deltas import ReasoningDelta, TextDelta
+from protocol.deltas import Delta, ReasoningDelta, TextDelta
 from protocol.events import TokenLogprob
 from protocol.response import Usage
 
@@ -65,17 +67,140 @@ def _usage(out: Any, reasoning_tokens: int) -> Usage:
     )
 
 
+# Per tokenizer: token id -> (text, bytes). A step with top_logprobs names 1 + N ids,
+# and decoding each alone on the event loop at every step adds up; at most one entry per
+# vocabulary id (<= ~152k). Weak keys: the entry goes with its model's tokenizer.
+_PIECES: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, bytes | None]]] = weakref.WeakKeyDictionary()
+
+
+def _pieces(tokenizer: Any) -> dict[int, tuple[str, bytes | None]]:
+    try:
+        cache = _PIECES.get(tokenizer)
+        if cache is None:
+            cache = _PIECES[tokenizer] = {}
+    except TypeError:  # a tokenizer that takes no weak reference: no cache
+        cache = {}
+    return cache
+
+
 def _token_logprobs(tokenizer: Any, out: Any) -> list[TokenLogprob]:
-    """The step's tokens with their logprobs and, when asked, their alternatives: each
-    token's text is its own id decoded alone, specials included (OpenAI's token field)."""
-    def text(t: int) -> str:
-        return tokenizer.decode([t], skip_special_tokens=False)
+    """The step's tokens with their logprobs and, when asked, their alternatives. Text:
+    the id decoded alone, specials included (OpenAI's token field; part of a UTF-8
+    character reads U+FFFD). Bytes: the token's own (`Tokenizer.token_bytes`, for
+    byte-level vocabularies; an added token's are its UTF-8), or None where the
+    vocabulary has none (the encoder then sends the text's UTF-8)."""
+    cache = _pieces(tokenizer)
+    token_bytes = tokenizer.token_bytes if getattr(tokenizer, "is_byte_level", False) else None
+
+    def one(t: int, lp: float, alts: tuple[TokenLogprob, ...] = ()) -> TokenLogprob:
+        piece = cache.get(t)
+        if piece is None:
+            raw = token_bytes(t) if token_bytes is not None else None
+            piece = cache[t] = (tokenizer.decode([t], skip_special_tokens=False), raw)
+        return TokenLogprob(piece[0], float(lp), alts, piece[1])
 
     tops = out.top_logprobs or [()] * len(out.token_ids)
     return [
-        TokenLogprob(text(t), float(lp), tuple((text(a), float(alp)) for a, alp in top))
+        one(t, lp, tuple(one(a, alp) for a, alp in top))
         for t, lp, top in zip(out.token_ids, out.logprobs, tops, strict=False)
     ]
+
+
+class _LogprobRouter:
+    """Puts each token's logprob on the `TextDelta` its text ends up in; the tokens of
+    reasoning, of tool-call blocks and of dropped whitespace get none (OpenAI reports
+    logprobs of output text only).
+
+    Positions are character offsets into the text fed to the parser (the outputs'
+    ``text``, concatenated). `add` gives each token a stretch of it, and `attach` puts
+    a token on the `TextDelta` that holds the first character of its stretch that is
+    answer text (the parser's `text_spans`); a token none of whose stretch is answer
+    text gets dropped, as do tokens with no text at the end (a stop token, the tokens
+    of a stop string).
+
+    The stretches: an output's text is split among its tokens (and those carried from
+    earlier outputs) by their own texts (decoded alone), in order, while those match
+    it exactly. A token whose own text ends in an unfinished character (U+FFFD) the
+    engine held back also covers the next character (where that character comes).
+    Tokens left once the text is used up (their text held back: the rest of a
+    character split across tokens, a possible stop string) wait for the next output
+    with text. At the first token that does not match, it and the tokens after it
+    share the rest of the output's text.
+
+    So it is exact for one token per output (the engine sends one per step) whose text
+    alone is its text in the stream, which holds for whole characters and for a
+    character split across tokens. The approximation is in the sharing: tokens whose
+    text alone differs from their text in context (a SentencePiece word's leading
+    space; a special token left out of the text, which goes with the next token) all
+    go with the delta of the shared stretch's first answer character, or are all
+    dropped when none of it is answer text.
+    """
+
+    __slots__ = ("_queue", "_carry", "_pos")
+
+    def __init__(self) -> None:
+        # (start, end, token), start and end non-decreasing
+        self._queue: deque[tuple[int, int, TokenLogprob]] = deque()
+        self._carry: list[TokenLogprob] = []
+        self._pos = 0
+
+    def add(self, tokens: list[TokenLogprob], text: str) -> None:
+        """One engine output: its tokens and the text it adds to the parser's input."""
+        tokens = self._carry + tokens if self._carry else tokens
+        self._carry = []
+        if not text:
+            self._carry = tokens
+            return
+        start, end = self._pos, self._pos + len(text)
+        self._pos = end
+        queue = self._queue
+        cursor = 0
+        for k, t in enumerate(tokens):
+            if cursor == len(text):  # text used up: the rest wait for more
+                self._carry = tokens[k:]
+                return
+            piece = t.token
+            if piece and text.startswith(piece, cursor):
+                queue.append((start + cursor, start + cursor + len(piece), t))
+                cursor += len(piece)
+            elif piece[-1:] == "\ufffd" and cursor + len(piece) - 1 == len(text) and text.startswith(piece[:-1], cursor):
+                queue.append((start + cursor, end + 1, t))  # and the held-back character
+                cursor = len(text)
+            else:
+                queue.extend((start + cursor, end, u) for u in tokens[k:])
+                return
+
+    def attach(self, deltas: list[Delta], spans: list[tuple[int, int]]) -> list[Delta]:
+        """`deltas` (one feed's, coalesced) with the logprobs of their answer tokens; `spans`:
+        the parser's `text_spans` for them (their texts are the `TextDelta`s', in order)."""
+        queue = self._queue
+        spans_iter = iter(spans)
+        out: list[Delta] = []
+        for d in deltas:
+            if type(d) is not TextDelta:
+                out.append(d)
+                continue
+            need = len(d.text)
+            lps: list[TokenLogprob] = []
+            while need > 0:
+                s, e = next(spans_iter, (0, 0))
+                if e <= s:  # (no span left: cannot happen with OutputParser)
+                    break
+                need -= e - s
+                while queue and queue[0][0] < e:
+                    _, t_end, t = queue.popleft()
+                    if t_end > s:  # some of it is in this span: its first answer char
+                        lps.append(t)
+                    # else: all of it before this span and in no earlier one: not answer
+            out.append(TextDelta(d.text, tuple(lps)) if lps else d)
+        return out
+
+    def settle(self, offset: int) -> None:
+        """Drop the tokens that end before `offset` (the parser's `settled`): their text
+        was emitted or dropped, and what was answer text took them already."""
+        queue = self._queue
+        while queue and queue[0][1] <= offset:
+            queue.popleft()
 
 
 async def drive(
@@ -93,29 +218,30 @@ async def drive(
 ) -> Outcome:
     """Consume `stream` to its end, emitting events as they come; return how it ended."""
     ttft: float | None = None
-    pending_lps: list[TokenLogprob] = []
+    router = _LogprobRouter() if logprobs else None
     reasoning_tokens = 0
     in_reasoning = parser.config.reasoning and parser.config.starts_in_reasoning
     final = None
     async for out in stream:
         if out.token_ids and ttft is None:
             ttft = time.monotonic() - started
-        if logprobs and out.logprobs:
-            pending_lps.extend(_token_logprobs(tokenizer, out))
         deltas = parser.feed(out.text) if out.text else []
+        if router is not None:
+            router.add(_token_logprobs(tokenizer, out) if out.logprobs else [], out.text)
+            if deltas:
+                deltas = router.attach(deltas, parser.text_spans)
+            router.settle(parser.settled)
         if out.finished:
             final = out
             if out.finish_reason is not FinishReason.ERROR:
-                deltas += parser.finish()
+                tail = parser.finish()
+                deltas += router.attach(tail, parser.text_spans) if router is not None else tail
         if deltas:
             in_reasoning = all(type(d) is ReasoningDelta for d in deltas)
         if in_reasoning:
             reasoning_tokens += len(out.token_ids)
         events: list[dict[str, Any]] = []
         for d in deltas:
-            if pending_lps and type(d) is TextDelta:
-                d = TextDelta(d.text, tuple(pending_lps))
-                pending_lps = []
             events += encoder.feed(d)
         if final is not None:
             break

@@ -16,6 +16,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import TypeAdapter
 
 from protocol.chat import (
+    LOGPROB_FLOOR,
     TOP_LEVEL_KEYS,
     ChatMessage,
     ChatStream,
@@ -33,6 +34,7 @@ from protocol.chat import (
     ToolChoice,
     Usage,
     build_completion,
+    chat_logprob,
     decode_chat_request,
     decode_chat_request_bytes,
     load_json_body,
@@ -659,13 +661,13 @@ SCENARIOS: dict[str, list[Any]] = {
         TextDelta(
             "Hi",
             (
-                TokenLogprob("Hi", -0.25, top_logprobs=(("Hi", -0.25), ("Hey", -1.5))),
+                TokenLogprob("Hi", -0.25, top_logprobs=(TokenLogprob("Hi", -0.25), TokenLogprob("Hey", -1.5))),
             ),
         ),
         TextDelta(
             " \u00e9",
             (
-                TokenLogprob(" \u00e9", -math.inf, top_logprobs=((" \u00e9", -math.inf), ("e", math.nan))),
+                TokenLogprob(" \u00e9", -math.inf, top_logprobs=(TokenLogprob(" \u00e9", -math.inf), TokenLogprob("e", math.nan))),
                 TokenLogprob("", -0.0),
             ),
         ),
@@ -773,6 +775,40 @@ def test_completion_shapes():
     assert lp[0]["top_logprobs"][1] == {"token": "Hey", "logprob": -1.5, "bytes": [72, 101, 121]}
 
 
+def test_logprobs_not_finite_are_floored_and_capped():
+    """NaN / -inf / +inf on the token and on every alternative: valid JSON (the floor
+    -9999.0, the cap 0.0), in the chunks and in the completion."""
+    bad = TokenLogprob("a", math.nan, (TokenLogprob("a", math.inf), TokenLogprob("b", -math.inf), TokenLogprob("c", math.nan)))
+    worse = TokenLogprob("d", math.inf, (TokenLogprob("d", -1e300),))
+    deltas = [TextDelta("ad", (bad, worse)), Finish("stop", USAGE)]
+    enc, chunks = _stream(deltas)
+    for c in chunks:
+        strict_chunk(c)  # json.dumps(allow_nan=False) inside
+    streamed = [t for c in chunks for t in ((c["choices"] or [{}])[0].get("logprobs") or {}).get("content") or ()]
+    content = strict_completion(enc.completion()).choices[0].logprobs.content
+    assert [t.model_dump() for t in content] == streamed
+    assert [t["logprob"] for t in streamed] == [LOGPROB_FLOOR, 0.0]
+    assert [a["logprob"] for a in streamed[0]["top_logprobs"]] == [0.0, LOGPROB_FLOOR, LOGPROB_FLOOR]
+    assert [a["logprob"] for a in streamed[1]["top_logprobs"]] == [LOGPROB_FLOOR]
+    assert chat_logprob(bad)["logprob"] == -9999.0 == LOGPROB_FLOOR
+
+
+def test_logprob_bytes_are_the_tokens_own():
+    """A token holding part of a UTF-8 character carries its own bytes (its text alone
+    reads U+FFFD); without bytes, the text's UTF-8."""
+    first = TokenLogprob("\ufffd", -0.5, (TokenLogprob("\ufffd", -0.5, token_bytes=b"\xe2\x98"), TokenLogprob("x", -2.0)),
+                         token_bytes=b"\xe2\x98")
+    second = TokenLogprob("\ufffd", -0.1, token_bytes=b"\x80")
+    enc, chunks = _stream([TextDelta("\u2600", (first, second)), Finish("stop", USAGE)])
+    strict_completion(enc.completion())
+    content = enc.completion()["choices"][0]["logprobs"]["content"]
+    streamed = [t for c in chunks for t in ((c["choices"] or [{}])[0].get("logprobs") or {}).get("content") or ()]
+    assert streamed == content
+    assert [t["bytes"] for t in content] == [[0xE2, 0x98], [0x80]]
+    assert bytes(b for t in content for b in t["bytes"]).decode() == "\u2600"
+    assert [a["bytes"] for a in content[0]["top_logprobs"]] == [[0xE2, 0x98], [120]]
+
+
 FINISH_REASONS = {
     "stop": ("stop", "tool_calls"),
     "tool_calls": ("stop", "tool_calls"),
@@ -843,6 +879,7 @@ def test_misuse_is_a_programming_error():
 
 # Random delta sequences: every chunk validates, and the stream accumulates to the completion.
 _text = st.text(max_size=6)
+_logprob = st.floats(max_value=0.0) | st.just(math.nan) | st.just(-math.inf) | st.just(math.inf)
 _delta = st.one_of(
     _text.map(ReasoningDelta),
     st.builds(
@@ -852,8 +889,9 @@ _delta = st.one_of(
             st.builds(
                 TokenLogprob,
                 _text,
-                st.floats(max_value=0.0) | st.just(math.nan) | st.just(-math.inf),
-                st.lists(st.tuples(_text, st.floats(max_value=0.0)), max_size=2).map(tuple),
+                _logprob,
+                st.lists(st.builds(TokenLogprob, _text, _logprob), max_size=2).map(tuple),
+                st.none() | st.binary(max_size=4),
             ),
             max_size=2,
         ).map(tuple),

@@ -4,6 +4,7 @@ validated strictly against the OpenAI SDK's types, in OpenAI's order."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -13,7 +14,7 @@ from protocol.decode import decode_request
 from protocol.deltas import Failure, Finish, ReasoningDelta, TextDelta, ToolCallArguments, ToolCallEnd, ToolCallStart
 from protocol.encrypted import open_reasoning
 from protocol.errors import Refusal
-from protocol.events import TokenLogprob, dumps, refusal_stream_error, sse, stream_error_event
+from protocol.events import LOGPROB_FLOOR, TokenLogprob, dumps, refusal_stream_error, sse, stream_error_event, wire_logprob
 from protocol.response import Usage
 from protocol.stream import ResponseStream, StreamStateError
 from responses_sdk import check_grammar, validate_event, validate_response
@@ -195,8 +196,8 @@ def test_allowed_tools_echo():
 
 def test_logprobs():
     stream = ResponseStream(request(include=["message.output_text.logprobs"], top_logprobs=2))
-    lp1 = TokenLogprob("Hé", -0.25, (("Hé", -0.25), ("Ha", -1.5)))
-    lp2 = TokenLogprob("!", -0.01, (("!", -0.01), (".", -4.0)))
+    lp1 = TokenLogprob("Hé", -0.25, (TokenLogprob("Hé", -0.25), TokenLogprob("Ha", -1.5)))
+    lp2 = TokenLogprob("!", -0.01, (TokenLogprob("!", -0.01), TokenLogprob(".", -4.0)))
     events = stream.text("Hé", [lp1]) + stream.text("!", [lp2]) + stream.finish("stop", USAGE)
     final = check_grammar(events)
     delta = [e for e in events if e["type"] == "response.output_text.delta"]
@@ -206,6 +207,46 @@ def test_logprobs():
     assert [lp["token"] for lp in part["logprobs"]] == ["Hé", "!"]
     done = next(e for e in events if e["type"] == "response.output_text.done")
     assert len(done["logprobs"]) == 2
+
+
+def test_logprobs_not_finite_serialize_floored_and_capped():
+    """A model's NaN logits, an alternative at -inf, a +inf: every event still encodes
+    (the encoder refuses NaN / inf), the token's logprob and each alternative's floored
+    at -9999.0 (OpenAI's stand-in) or capped at 0."""
+    stream = ResponseStream(request(include=["message.output_text.logprobs"], top_logprobs=3))
+    nan = TokenLogprob("a", math.nan, (TokenLogprob("a", math.inf), TokenLogprob("b", -math.inf), TokenLogprob("c", math.nan)))
+    inf = TokenLogprob("d", math.inf, (TokenLogprob("d", -1e300),))
+    events = stream.text("a", [nan]) + stream.text("d", [inf]) + stream.finish("stop", USAGE)
+    for e in events:
+        json.loads(dumps(e))  # raised ValueError (allow_nan=False) before
+        assert sse(e).startswith("event: ")
+    final = check_grammar(events)
+    deltas = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    assert [lp["logprob"] for lp in deltas] == [LOGPROB_FLOOR, 0.0]
+    assert [a["logprob"] for a in deltas[0]["top_logprobs"]] == [0.0, LOGPROB_FLOOR, LOGPROB_FLOOR]
+    assert [a["logprob"] for a in deltas[1]["top_logprobs"]] == [LOGPROB_FLOOR]
+    part = final["output"][0]["content"][0]
+    assert [lp["logprob"] for lp in part["logprobs"]] == [LOGPROB_FLOOR, 0.0]
+    assert [a["logprob"] for a in part["logprobs"][0]["top_logprobs"]] == [0.0, LOGPROB_FLOOR, LOGPROB_FLOOR]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == deltas
+    assert [wire_logprob(x) for x in (math.nan, -math.inf, math.inf, -1e4, -0.5, 0.25)] == [-9999.0, -9999.0, 0.0, -9999.0, -0.5, 0.0]
+
+
+def test_logprob_bytes_are_the_tokens_own():
+    """☀ split over two byte-level tokens: each carries its own bytes (its text alone is
+    U+FFFD), so a client can rebuild the character; no bytes known: the text's UTF-8."""
+    stream = ResponseStream(request(include=["message.output_text.logprobs"], top_logprobs=2))
+    first = TokenLogprob("\ufffd", -0.5, (TokenLogprob("\ufffd", -0.5, token_bytes=b"\xe2\x98"), TokenLogprob("é", -3.0)),
+                         token_bytes=b"\xe2\x98")
+    second = TokenLogprob("\ufffd", -0.1, token_bytes=b"\x80")
+    events = stream.text("\u2600", [first, second]) + stream.text("!", [TokenLogprob("!", -0.2)]) + stream.finish("stop", USAGE)
+    part = check_grammar(events)["output"][0]["content"][0]
+    assert [lp["bytes"] for lp in part["logprobs"]] == [[0xE2, 0x98], [0x80], [33]]
+    assert bytes(b for lp in part["logprobs"] for b in lp["bytes"]).decode() == part["text"] == "\u2600!"
+    assert [a["bytes"] for a in part["logprobs"][0]["top_logprobs"]] == [[0xE2, 0x98], list("é".encode())]
+    delta = next(e for e in events if e["type"] == "response.output_text.delta")
+    assert "bytes" not in delta["logprobs"][0] and [a["token"] for a in delta["logprobs"][0]["top_logprobs"]] == ["\ufffd", "é"]
 
 
 def test_encrypted_reasoning_included_and_readable():
