@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 
@@ -44,6 +44,19 @@ from ignis.model.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
+
+
+class SubmitOptions(TypedDict, total=False):
+    """What a submission may add to its prompt and params (all three submit calls)."""
+
+    request_id: str | None  # default: a fresh "req-N"
+    # A time.monotonic() value, or `timeout`: seconds from now (not both); past it the
+    # request ends with finish reason DEADLINE.
+    deadline: float | None
+    timeout: float | None
+    # Prefill and publish the prompt's blocks, sample nothing (one final output, finish
+    # reason PREWARM, with usage).
+    prewarm: bool
 
 
 class EngineDeadError(RuntimeError):
@@ -132,22 +145,11 @@ class AsyncEngine:
     # -- submitting -----------------------------------------------------------------
 
     def submit(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        deadline: float | None = None,
-        timeout: float | None = None,
-        prewarm: bool = False,
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, **options: Unpack[SubmitOptions]
     ) -> RequestStream:
-        """Queue a request (from the event loop); iterate the returned stream.
-
-        deadline: a time.monotonic() value, or timeout: seconds from now; past it the
-        request ends with finish reason DEADLINE. prewarm: prefill and publish the prompt's
-        blocks, sample nothing (one final output, finish reason PREWARM, with usage).
-        """
-        return self._submit(prompt_token_ids, params, request_id, deadline, timeout, prewarm, reserved=False)
+        """Queue a request (from the event loop); iterate the returned stream. Options:
+        see `SubmitOptions`."""
+        return self._submit(prompt_token_ids, params, reserved=False, **options)
 
     def has_room(self) -> bool:
         """Would a request submitted now start without queueing behind others?"""
@@ -155,31 +157,17 @@ class AsyncEngine:
             return not self._waiters and self._slots < self.max_in_flight
 
     def try_submit(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        deadline: float | None = None,
-        timeout: float | None = None,
-        prewarm: bool = False,
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, **options: Unpack[SubmitOptions]
     ) -> RequestStream | None:
         """submit() if there is room now, else None (nothing queued)."""
         with self._lock:
             if self._waiters or self._slots >= self.max_in_flight:
                 return None
             self._slots += 1  # reserve it atomically with the check
-        return self._submit_reserved(prompt_token_ids, params, request_id, deadline, timeout, prewarm)
+        return self._submit_reserved(prompt_token_ids, params, options)
 
     async def submit_when_room(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        deadline: float | None = None,
-        timeout: float | None = None,
-        prewarm: bool = False,
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, **options: Unpack[SubmitOptions]
     ) -> RequestStream:
         """Wait (FIFO among waiters) until there is room, then submit. A timeout counts
         from the submission, not from the start of the wait."""
@@ -202,19 +190,12 @@ class AsyncEngine:
                 if fut is not None and fut.done() and not fut.cancelled():
                     self._release_slot()  # woken, then cancelled: pass the slot on
                 raise
-        return self._submit_reserved(prompt_token_ids, params, request_id, deadline, timeout, prewarm)
+        return self._submit_reserved(prompt_token_ids, params, options)
 
-    def _submit_reserved(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams | None,
-        request_id: str | None,
-        deadline: float | None,
-        timeout: float | None,
-        prewarm: bool,
-    ) -> RequestStream:
+    def _submit_reserved(self, prompt: Sequence[int], params: SamplingParams | None,
+                         options: SubmitOptions) -> RequestStream:
         try:
-            return self._submit(prompt, params, request_id, deadline, timeout, prewarm, reserved=True)
+            return self._submit(prompt, params, reserved=True, **options)
         except BaseException:
             self._release_slot()
             raise
@@ -223,12 +204,12 @@ class AsyncEngine:
         self,
         prompt: Sequence[int],
         params: SamplingParams | None,
-        request_id: str | None,
-        deadline: float | None,
-        timeout: float | None,
-        prewarm: bool,
         *,
         reserved: bool,
+        request_id: str | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        prewarm: bool = False,
     ) -> RequestStream:
         loop = asyncio.get_running_loop()
         if timeout is not None:
