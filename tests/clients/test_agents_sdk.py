@@ -51,3 +51,46 @@ def test_agent_calls_a_python_tool_over_http_and_the_socket(scripted_server, spy
         await client.close()
 
     asyncio.run(main())
+
+
+def test_agent_with_tool_choice_required(scripted_server):
+    """`ModelSettings(tool_choice="required")`: ignis forces the call's start (the script's
+    reply is that call anyway, so it completes); the SDK then resets tool_choice (its
+    default) and the answer follows. And a named tool the model would not call: the
+    response fails, and the SDK says so."""
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        calls.append(city)
+        return f"sunny in {city}"
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=scripted_server.base_url + "/v1", api_key=KEY, max_retries=0)
+        agent = Agent(name="weather", instructions="Use the tool.", tools=[get_weather],
+                      model=OpenAIResponsesModel("scripted", client),
+                      model_settings=ModelSettings(tool_choice="required"))
+        result = await Runner.run(agent, "What is the weather in Paris?")
+        assert calls == ["Paris"] and result.final_output == "It is sunny in Paris."
+        first = result.raw_responses[0]
+        assert [o.type for o in first.output if o.type == "function_call"] == ["function_call"]
+        # "Say hi" is answered "Hi!" by the script: under a named tool_choice the forced
+        # start overrides it, the script's "Hi!" then makes the call malformed, and the
+        # SDK gets response.failed (never a plain answer passing for a call).
+        from agents.exceptions import ModelBehaviorError
+
+        named = Agent(name="weather", instructions="Use the tool.", tools=[get_weather],
+                      model=OpenAIResponsesModel("scripted", client),
+                      model_settings=ModelSettings(tool_choice="get_weather"))
+        calls.clear()
+        with pytest.raises(ModelBehaviorError, match="did not produce a valid call to the required tool get_weather"):
+            await Runner.run(named, "Say hi")
+        assert calls == []
+        await client.close()
+
+    asyncio.run(main())
