@@ -14,21 +14,30 @@ from server_harness import KEY
 agents = pytest.importorskip("agents")
 
 
-def test_agent_calls_a_python_tool_over_http_and_the_socket(scripted_server, spy):
-    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
-    from agents.items import ToolCallItem, ToolCallOutputItem
-    from agents.models.openai_provider import OpenAIProvider
-    from agents.models.openai_responses import OpenAIResponsesModel
-    from agents.run import RunConfig
+def weather_tool(calls: list[str]) -> object:
+    """A Python `get_weather` function tool that records the cities it is called with."""
+    from agents import function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
-    calls: list[str] = []
 
     @function_tool
     def get_weather(city: str) -> str:
         """The weather in a city."""
         calls.append(city)
         return f"sunny in {city}"
+
+    return get_weather
+
+
+def test_agent_calls_a_python_tool_over_http_and_the_socket(scripted_server, spy):
+    from agents import Agent, ModelSettings, Runner
+    from agents.items import ToolCallItem, ToolCallOutputItem
+    from agents.models.openai_provider import OpenAIProvider
+    from agents.models.openai_responses import OpenAIResponsesModel
+    from agents.run import RunConfig
+
+    calls: list[str] = []
+    get_weather = weather_tool(calls)
 
     async def main() -> None:
         client = openai.AsyncOpenAI(base_url=scripted_server.base_url + "/v1", api_key=KEY, max_retries=0)
@@ -58,17 +67,11 @@ def test_agent_with_tool_choice_required(scripted_server):
     reply is that call anyway, so it completes); the SDK then resets tool_choice (its
     default) and the answer follows. And a named tool the model would not call: the
     response fails, and the SDK says so."""
-    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, Runner
     from agents.models.openai_responses import OpenAIResponsesModel
 
-    set_tracing_disabled(True)
     calls: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        calls.append(city)
-        return f"sunny in {city}"
+    get_weather = weather_tool(calls)
 
     async def main() -> None:
         client = openai.AsyncOpenAI(base_url=scripted_server.base_url + "/v1", api_key=KEY, max_retries=0)
