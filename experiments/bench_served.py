@@ -67,7 +67,7 @@ def offline(qs: list[str], max_tokens: int, threads: int | None = None) -> dict:
     loaded = _OFFLINE["loaded"]
     engine = LLMEngine(loaded, EngineConfig(max_num_seqs=len(qs), cpu_threads=threads))  # fresh: empty prefix cache
     ctx = SimpleNamespace(renderer=Renderer(loaded.tokenizer, loaded.chat_template), max_model_len=engine.max_model_len,
-                          loaded=loaded)
+                          loaded=loaded, max_output_tokens=None)
     reqs = [prepare(ctx, decode_request(body(q, max_tokens), transport="http")) for q in qs]
     hi = prepare(ctx, decode_request(body("Say hi.", 4), transport="http"))
     engine.generate([hi[0].ids], hi[1])  # warm-up (a prompt of its own)

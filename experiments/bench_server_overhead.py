@@ -74,7 +74,8 @@ def main() -> None:
     key = b"k" * 32
     # What `prepare` reads of the server's context (ignis.server.context.ServerContext).
     loaded = SimpleNamespace(tokenizer=tokenizer, config=SimpleNamespace(vocab_size=tokenizer.vocab_size))
-    ctx = SimpleNamespace(renderer=Renderer(tokenizer, template), max_model_len=65536, loaded=loaded)
+    ctx = SimpleNamespace(renderer=Renderer(tokenizer, template), max_model_len=65536, loaded=loaded,
+                          max_output_tokens=None)
     cache = ctx.renderer.token_cache
 
     items = codex_history(8)

@@ -103,6 +103,10 @@ class ServerConfig:
     # Close a WebSocket with nothing running or queued and no text/binary frame from
     # its client for this long (code 1000); 0 = never. Live-patchable.
     socket_idle_close: float = 300.0
+    # The most tokens one response may generate, as an OpenAI model's output limit: a
+    # request that sets no limit, or a larger one, gets this many at most; null = up to
+    # the end of the context (`engine.max_model_len`).
+    max_output_tokens: int | None = None
     # The largest HTTP body or WebSocket message accepted (bytes).
     max_request_bytes: int = 32 * 1024 * 1024
     # The key that signs reasoning `encrypted_content` (any string); null = a random key

@@ -45,7 +45,8 @@ def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
                                           ctx.loaded.config.vocab_size, think_budget=req.sampling.thinking_budget,
                                           stop=req.sampling.stop or ())
     params = engine_params(req.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
-                           logprobs=req.logprobs, param="messages", constraint=constraint)
+                           logprobs=req.logprobs, param="messages", constraint=constraint,
+                           max_output_tokens=ctx.max_output_tokens)
     return req, prompt, params
 
 

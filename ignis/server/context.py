@@ -58,6 +58,8 @@ class ServerContext:
 
     @classmethod
     def build(cls, cfg: ServerConfig, loaded: LoadedModel, engine: AsyncEngine) -> ServerContext:
+        if cfg.max_output_tokens is not None and cfg.max_output_tokens < 1:
+            raise ValueError(f"server.max_output_tokens must be null or at least 1, got {cfg.max_output_tokens}")
         if cfg.reasoning_key:
             reasoning_key = hashlib.sha256(cfg.reasoning_key.encode("utf-8")).digest()
         else:
@@ -89,6 +91,10 @@ class ServerContext:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        return self.cfg.max_output_tokens
 
     def check_model(self, model: str) -> None:
         if model not in self.model_names:

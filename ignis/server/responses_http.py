@@ -51,6 +51,7 @@ def prepare(ctx: ServerContext, request: ResponsesRequest, *, generation: bool =
     params = engine_params(
         request.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
         logprobs=request.include_logprobs or bool(request.top_logprobs), param="input", constraint=constraint,
+        max_output_tokens=ctx.max_output_tokens,
     )
     return prompt, params
 

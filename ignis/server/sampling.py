@@ -4,7 +4,8 @@
   ``context_length_exceeded`` naming `param` (``input`` / ``messages``).
 - ``max_output_tokens`` is clipped to what the context has left; a response that then
   hits the end of the context ends ``incomplete`` (``max_output_tokens``), as one that
-  hits its own limit does. No limit given = up to the context length.
+  hits its own limit does. No limit given = up to the context length, or to the
+  server's output limit (``server.max_output_tokens``), which also caps larger ones.
 - Defaults are OpenAI's: temperature 1, top_p 1 (no model-specific defaults).
 - ``top_logprobs`` (from the fields) is honoured when `logprobs` is on: the caller says
   whether logprobs are reported (Responses: the include, or ``top_logprobs`` itself;
@@ -41,9 +42,12 @@ def engine_params(
     logprobs: bool = False,
     param: str = "input",
     constraint: OutputConstraint | None = None,
+    max_output_tokens: int | None = None,
 ) -> SamplingParams:
     check_context(prompt_len, max_model_len, param)
     room = max_model_len - prompt_len
+    if max_output_tokens is not None:  # the server's output limit (server.max_output_tokens)
+        room = min(room, max_output_tokens)
     wanted = fields.max_output_tokens
     params = SamplingParams(
         max_tokens=min(wanted, room) if wanted is not None else room,

@@ -82,10 +82,17 @@ def run_codex(home: Path, workdir: Path, prompt: str, *, key: str, resume: bool 
         args += ["resume", "--last"]
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CODEX_HOME=str(home), IGNIS_API_KEY=key, NO_COLOR="1")
-    proc = subprocess.run([*args, prompt], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return CodexRun(proc.returncode, events, proc.stderr)
+    try:
+        proc = subprocess.run([*args, prompt], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:  # a run that hangs is a failed run, with what it printed
+        def text(b: bytes | str | None) -> str:
+            return b.decode("utf-8", "replace") if isinstance(b, bytes) else b or ""
+
+        rc, stdout, stderr = -9, text(exc.output), text(exc.stderr) + f"\n[timed out after {timeout:g} s]"
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return CodexRun(rc, events, stderr)
 
 
 # For models with a small context (SmolLM2: 8k tokens): Codex's own instructions are

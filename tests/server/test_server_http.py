@@ -373,3 +373,18 @@ def test_dead_engine_answers_503_not_500(start_server):
         r = http(dead, "POST", path, json=payload)
         assert r.status_code == 503, (path, r.status_code, r.text)
         assert r.json()["error"]["code"] == "engine_unavailable", r.text
+
+
+def test_server_output_limit_caps_requests_without_one_and_larger_ones(start_server):
+    srv = start_server(max_output_tokens=6)
+    c = client(srv)
+    for asked in (None, 50, 4):
+        kw = {} if asked is None else {"max_output_tokens": asked}
+        r = c.responses.create(model="tiny", input="Hello there", temperature=0, **kw)
+        assert r.status == "incomplete" and r.usage.output_tokens == min(asked or 6, 6)
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], temperature=0)
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 6
+    srv.stop()
+    with pytest.raises(RuntimeError, match="failed to start") as failed:
+        start_server(max_output_tokens=0)
+    assert "server.max_output_tokens must be null or at least 1" in str(failed.value.__cause__)
