@@ -210,14 +210,15 @@ class TokenCache:
     def _probe_word_cuts(self) -> bool:
         words = "Hello, world: naïve ünïcode x2 don't  stop\n\tat 3.14 É ü" * 16
         text = "".join(f"{m}user\n{words}" for m in list(self._ids)[:4]) or words
-        whole = self.tokenizer.encode(text, special=True, add_bos=False)
         cut = _WORD_SPACE.split(text)
-        parts = [p if i == 0 else " " + p for i, p in enumerate(cut)]
-        return len(parts) > 1 and whole == [i for ids in self.tokenizer.encode_batch(parts, special=True) for i in ids]
+        return len(cut) > 1 and self._joins_to_whole(text, [p if i == 0 else " " + p for i, p in enumerate(cut)])
 
     def _probe(self) -> bool:
         marks = list(self._ids)[:24]
         text = "Hello, world" + "".join(f"{m}user\n  café x{i} ün\n\n" for i, m in enumerate(marks)) + " end"
+        return self._joins_to_whole(text, self._pieces(text))
+
+    def _joins_to_whole(self, text: str, parts: list[str]) -> bool:
+        """Whether `parts` (which join to `text`) tokenize to the ids of `text` whole."""
         whole = self.tokenizer.encode(text, special=True, add_bos=False)
-        pieces = [i for p in self._pieces(text) for i in self.tokenizer.encode(p, special=True, add_bos=False)]
-        return whole == pieces
+        return whole == [i for ids in self.tokenizer.encode_batch(parts, special=True) for i in ids]

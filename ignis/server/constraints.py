@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from ignis.engine.constraint import OutputConstraint, token_index
@@ -53,8 +54,10 @@ def call_prefix(name: str, parser: ParserConfig) -> str:
     return f'{parser.tool_start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
 
 
+@lru_cache(maxsize=16)
 def _single_id(tokenizer: Any, tag: str) -> int | None:
-    """The tag's id when the template's text of it is one token (else None)."""
+    """The tag's id when the template's text of it is one token (else None); per
+    tokenizer and tag, once."""
     ids = tokenizer.encode(tag, special=True, add_bos=False)
     return ids[0] if len(ids) == 1 else None
 
@@ -79,17 +82,15 @@ def constrain_output(
     parser = prompt.parser
     if names:
         prompt = replace(prompt, parser=replace(parser, required_tools=names))
-    if not parser.reasoning:
-        think_budget = None
-    if not (names or think_budget is not None) or not getattr(tokenizer, "is_byte_level", False):
+    if not getattr(tokenizer, "is_byte_level", False):
         return prompt, None
     think_start = think_end = None
     if parser.reasoning:
         think_start, think_end = _single_id(tokenizer, parser.think_start), _single_id(tokenizer, parser.think_end)
     if think_end is None:
-        think_budget = None
-        if not names:
-            return prompt, None
+        think_budget = None  # no block to close, or no single token to close it with
+    if not names and think_budget is None:
+        return prompt, None
     choices = [call_prefix(n, parser) for n in names]
     for text in stop:
         if any(_cuts(text, c) for c in choices):

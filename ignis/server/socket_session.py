@@ -371,16 +371,19 @@ class SocketSession:
                 return  # nothing to cancel (it may have just finished)
             job = live[-1]
         if job.task is None:  # waiting in its lane: never started
-            lane = self.lanes[job.sid]
-            if job in lane.pending:
-                lane.pending.remove(job)
-            self._finished(job)
-            try:
-                await job.cancel_unstarted()
-            except _Gone:
-                pass
+            await self._cancel_unstarted(self.lanes[job.sid], job)
             return
         job.cancel()
+
+    async def _cancel_unstarted(self, lane: Lane, job: Job) -> None:
+        """End a response still waiting in its lane (it never reached the engine)."""
+        if job in lane.pending:
+            lane.pending.remove(job)
+        self._finished(job)
+        try:
+            await job.cancel_unstarted()
+        except _Gone:
+            pass
 
     def _cancel_everything(self) -> None:
         for lane in self.lanes.values():
@@ -401,12 +404,7 @@ class SocketSession:
         with its terminal event. Returns how many running ones were cancelled."""
         for lane in list(self.lanes.values()):
             for job in list(lane.pending):
-                lane.pending.remove(job)
-                self._finished(job)
-                try:
-                    await job.cancel_unstarted()
-                except _Gone:
-                    pass
+                await self._cancel_unstarted(lane, job)
         cut = 0
         for job in list(self.jobs.values()):
             if job.task is None:
