@@ -68,7 +68,8 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     # Sanic's "touchup" rewrites methods of the Sanic class itself at start-up; a second
     # app in one process (tests, BackgroundServer) would fail on it.
     app.config.TOUCHUP = False
-    ctx = ServerContext.build(server_cfg, loaded, engine)
+    ctx = ServerContext.build(server_cfg, loaded, engine,
+                              sampling=cfg.model.sampling if isinstance(cfg, IgnisConfig) else None)
     app.ctx.ignis = ctx
     if ctx.api_key is None:
         log.warning("no API key set (server.api_key / IGNIS_API_KEY): every route is open")
