@@ -25,8 +25,8 @@ async def on_request(request: Request) -> None:
 
 
 async def on_response(request: Request, response: BaseHTTPResponse) -> None:
-    if not request.app.ctx.ignis.cfg.access_log:
-        return
+    if not request.app.ctx.ignis.cfg.access_log or getattr(request.ctx, "client_closed", False):
+        return  # a client that left was logged as a 499 (log_client_closed), not as Sanic's 500
     t0 = getattr(request.ctx, "t0", None)
     ms = (time.monotonic() - t0) * 1000 if t0 is not None else 0.0
     kind = " (stream)" if response.content_type and "event-stream" in response.content_type else ""

@@ -97,6 +97,7 @@ async def run_turn(
         # The client went away (Sanic cancels the handler): the stream's exit aborted the
         # engine side; its final output, when it comes, is counted and logged as a 499.
         transport = "sse" if sse else "http"
+        request.ctx.client_closed = True
 
         def gone(final: Any) -> None:
             outcome = client_closed(final, arrival)

@@ -114,7 +114,7 @@ def _wait_metric(srv: Any, name: str, labels: str, want: float, timeout: float =
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("transport", ["sse", "socket"])
+@pytest.mark.parametrize("transport", ["http", "sse", "socket"])
 def test_a_client_gone_mid_stream_is_a_499_with_its_tokens(srv, caplog, transport):
     closed = f'endpoint="responses",status="client_closed",transport="{transport}"'
     _wait_idle(srv)
@@ -123,7 +123,11 @@ def test_a_client_gone_mid_stream_is_a_499_with_its_tokens(srv, caplog, transpor
     gen_before = metric(srv, "ignis_engine_generated_tokens_total") or 0.0
     body = {"model": "tiny", "input": "count for ever", "temperature": 0, "max_output_tokens": 5000}
     caplog.set_level(logging.INFO, logger="ignis.access")
-    if transport == "sse":
+    if transport == "http":  # a JSON request whose client gives up waiting
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.base_url + "/v1/responses", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                       timeout=httpx.Timeout(60, read=1.5))
+    elif transport == "sse":
         with httpx.stream("POST", srv.base_url + "/v1/responses", json={**body, "stream": True}, timeout=60,
                           headers={"Authorization": f"Bearer {KEY}"}) as r:
             for line in r.iter_lines():
@@ -140,7 +144,7 @@ def test_a_client_gone_mid_stream_is_a_499_with_its_tokens(srv, caplog, transpor
     gen = metric(srv, "ignis_engine_generated_tokens_total") - gen_before
     assert out >= 1 and out == gen  # every token the engine made for it is counted
     lines = [r.getMessage() for r in caplog.records if r.name == "ignis.access"]
-    if transport == "sse":
+    if transport != "socket":
         assert any(" POST /v1/responses HTTP/1.1 499 (client closed request)" in ln for ln in lines), lines
     else:
         assert any("499 client closed" in ln for ln in lines), lines
