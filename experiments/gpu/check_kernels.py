@@ -13,8 +13,11 @@ DEADLINE + GRACE seconds in (one 10-minute device call must always end with a ta
 --dry-run does everything short of launching kernels: the environment check, importing
 every check module, each module's host-side preparation (`dry_run(ctx)`: building the
 inputs at toy sizes on the CPU, the engine's tokenizer and model, ...), and prints the
-rows it would time. tests/experiments/test_gpu_script.py runs it on the CPU with
+rows it would time. tests/kernels/test_gpu_script.py runs it on the CPU with
 packages hidden, so the script cannot rot between GPU runs.
+
+--checks MOD ... runs other check modules (a new one before it joins CHECKS); --only NAME
+keeps the modules whose name contains NAME.
 
 Exit status: 0 all rows ok, 1 a row failed, 2 cannot run here, 3 the watchdog fired.
 """
@@ -148,7 +151,7 @@ class Recorder:
         lines = ["", title, header, "-" * len(header)]
         for r in rows:
             frac = None if r.get("frac_bw") is None else 100 * r["frac_bw"]
-            ok = "yes" if r.get("ok") else ("-" if r.get("planned") else "NO")
+            ok = "-" if r.get("planned") else ("yes" if r.get("ok") else "NO")
             lines.append(
                 f"{str(r.get('op'))[:30]:<30} {str(r.get('shape'))[:36]:<36} {fmt(r.get('ms'), '9.4f')} "
                 f"{fmt(r.get('gbs'), '7.0f')} {fmt(frac, '5.0f')}  {ok:<3} {fmt(r.get('max_err'), '8.1e')}  "
@@ -216,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=450.0, help="seconds before no new case starts")
     parser.add_argument("--dry-run", action="store_true", help="plan and prepare on any machine; launch nothing")
     parser.add_argument("--only", nargs="+", default=None, help="run only the modules whose name contains one of these")
+    parser.add_argument("--checks", nargs="+", default=CHECKS, help="the check modules to run (default: CHECKS)")
+    parser.add_argument("--grace", type=float, default=GRACE, help="seconds past the deadline before the watchdog ends it")
     args = parser.parse_args(argv)
 
     env = environment()
@@ -245,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     finished = threading.Event()
 
     def watchdog() -> None:
-        if not finished.wait(args.deadline + GRACE):
-            print(f"\nwatchdog: still running {args.deadline + GRACE:.0f} s in; stopping with what we have", flush=True)
+        if not finished.wait(args.deadline + args.grace):
+            print(f"\nwatchdog: still running {args.deadline + args.grace:.0f} s in; stopping with what we have",
+                  flush=True)
             print(rec.table(title + " (cut short by the watchdog)"), flush=True)
             os._exit(3)
 
@@ -261,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     # each module's dry_run(ctx) prepares its inputs at toy sizes on the CPU.
     ctx = Context(device=device, copy_gbs=copy_gbs, deadline=deadline, dry=args.dry_run)
     start = time.monotonic()
-    run_checks(CHECKS, ctx, rec, args.only)
+    run_checks(args.checks, ctx, rec, args.only)
     finished.set()
     elapsed = time.monotonic() - start
     if args.out:

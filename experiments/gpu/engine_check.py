@@ -242,11 +242,14 @@ def cases(ctx: Context, batches: tuple[int, ...] = (1, 64, 256), steps: int = 32
 
 def dry_run(ctx: Context) -> None:
     """Everything but the GPU: the compact tokenizer, the tiny model on the CPU, an engine over
-    it (the PyTorch reference path) and a few steps, the bytes count."""
+    it (the PyTorch reference path) and a few steps, the bytes count, and the forced-start
+    check at a few steps."""
     loaded = _model("cpu", True)
     r = run_batch(loaded, 2, 2, "cpu", prompt_len=8)
     assert r["step_ms"] > 0 and r["bytes"] > 0
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("get_weather")) == "get_weather"
+    forced = check_constrained(loaded, "cpu", batch=2, steps=len(CALL) + 4)
+    assert forced["ok"], forced
     _MODEL.clear()
 
 
