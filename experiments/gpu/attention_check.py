@@ -52,8 +52,8 @@ def _err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _batch(seq_lens: list[int], q_lens: list[int], hq: int, hkv: int, dim: int, block_size: int,
-           dtype: torch.dtype, device: torch.device) -> PagedBatch:
-    gen = torch.Generator(device=device).manual_seed(1234)
+           dtype: torch.dtype, device: torch.device, seed: int = 0) -> PagedBatch:
+    gen = torch.Generator(device=device).manual_seed(1234 + seed)
     return make_paged_batch(seq_lens, q_lens, hq, hkv, dim, block_size, dtype=dtype, device=device, generator=gen)
 
 
@@ -102,7 +102,10 @@ def _shape(seqs: int, ctx_len: int, q_len: int, hq: int, hkv: int, dim: int, blo
 def _attention_case(op: str, batch: PagedBatch, ctx: Context, shape: str, *, iters: int,
                     sliding_window: int | None = None, num_splits: int | None = None,
                     sdpa: bool = True, bandwidth: bool = True, compare_splits: bool = False,
-                    target: bool = False) -> dict:
+                    target: bool = False, rotate: list[PagedBatch] = ()) -> dict:
+    """One row: the kernel on `batch` checked against the reference, then timed; with
+    `rotate`, timed over those batches in turn too (same shapes, other memory), so that a
+    launch whose K/V would fit the L2 does not find them there (a 1 x 4k decode reads 16 MB)."""
     args = batch.args()
     hints = dict(max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len, num_splits=num_splits)
     out = torch.full_like(batch.q, float("nan"))
@@ -112,19 +115,25 @@ def _attention_case(op: str, batch: PagedBatch, ctx: Context, shape: str, *, ite
     ok = err <= TOL[batch.q.dtype]
     del ref
 
-    t = bench(lambda: paged_attention_triton(*args, sliding_window=sliding_window, out=out, **hints), iters=iters)
-    notes = [t.label()]
+    every = [b.args() for b in (batch, *rotate)]
+
+    def calls(**over: object) -> list[Callable[[], object]]:
+        kw = {**hints, **over}
+        return [lambda a=a: paged_attention_triton(*a, sliding_window=sliding_window, out=out, **kw) for a in every]
+
+    t = bench(calls(), iters=iters)
+    notes = [t.label() + (f", rotating {len(every)} batches" if rotate else "")]
     sdpa_ms = None
     if sdpa and sliding_window is None:
-        fn = _sdpa_fn(batch)
-        sdpa_ms = bench(fn, iters=iters).ms
+        fns = [_sdpa_fn(b) for b in (batch, *rotate)]  # rotated alike: neither side reads from L2
+        sdpa_ms = bench(fns, iters=iters).ms
         notes.append(f"SDPA dense {sdpa_ms:.3f} ms (x{sdpa_ms / t.ms:.2f})")
-        del fn
+        del fns
     if compare_splits:
         chosen = choose_num_splits(len(batch.seq_lens_list) * batch.k_cache.shape[2], batch.max_seq_len,
                                    sm_count(batch.q.device))
         for n in sorted({1, max(1, chosen // 2), 2 * chosen} - {chosen}):
-            ms = bench(lambda: paged_attention_triton(*args, out=out, **{**hints, "num_splits": n}), iters=iters).ms
+            ms = bench(calls(num_splits=n), iters=iters).ms
             notes.append(f"{n} splits {ms:.3f} ms")
         notes.insert(1, f"auto = {chosen} splits")
     if not bandwidth:
@@ -192,8 +201,12 @@ def _write_kv_case(num_tokens: int, heads: int, dim: int, block_size: int, dtype
     same = torch.equal(kv.isnan(), kv_ref.isnan())
     err = _err(torch.nan_to_num(kv, nan=0.0), torch.nan_to_num(kv_ref, nan=0.0))
     ok = same and err == 0.0
-    t = bench(lambda: write_kv_triton(key, value, kv[:, 0], kv[:, 1], slots), iters=iters)
-    ref_ms = bench(lambda: write_kv_ref(key, value, kv_ref[:, 0], kv_ref[:, 1], slots), iters=iters).ms
+    # Large writes rotate over other source rows (16 MB of K/V at 4096 tokens would sit in L2).
+    sources = [(key, value)] + [(torch.randn_like(key), torch.randn_like(value)) for _ in range(
+        0 if num_tokens <= 256 or ctx.small else 5)]
+    t = bench([lambda k=k, v=v: write_kv_triton(k, v, kv[:, 0], kv[:, 1], slots) for k, v in sources], iters=iters)
+    ref_ms = bench([lambda k=k, v=v: write_kv_ref(k, v, kv_ref[:, 0], kv_ref[:, 1], slots) for k, v in sources],
+                   iters=iters).ms
     nbytes = 4 * key.numel() * key.element_size()  # read K and V, write them
     shape = f"{num_tokens} tok h{heads} d{dim} b{block_size} {str(dtype).removeprefix('torch.')}"
     vs = f"{t.label()}; torch index_put {ref_ms:.4f} ms (x{ref_ms / t.ms:.2f})"
@@ -221,9 +234,18 @@ def cases(ctx: Context) -> list[Case]:
                compare_splits: bool = False) -> Case:
         shape = _shape(seqs, ctx_len, 1, H, KV, D, bs, dtype)
         op = "attention decode" + (" split-KV" if compare_splits else "")
-        return Case(op, shape, lambda c: _attention_case(
-            op, batch([ctx_len] * seqs, [1] * seqs, bs, dtype), c, shape, iters=IT, target=target and not c.small,
-            compare_splits=compare_splits), "graph/events", "SDPA on dense KV" + ("; 1, n/2, 2n splits" * compare_splits))
+        kv_bytes = 2 * seqs * ctx_len * KV * D * dtype.itemsize
+        # K/V under ~3 L2s (60 MB): rotate over enough batches to read ~200 MB per cycle.
+        extra = 0 if ctx.small else min(7, max(0, -(-200_000_000 // kv_bytes) - 1))
+
+        def run(c: Context) -> dict:
+            seq_lens = [ctx_len] * seqs
+            rotate = [_batch(seq_lens, [1] * seqs, H, KV, D, bs, dtype, dev, seed=i + 1) for i in range(extra)]
+            return _attention_case(op, batch(seq_lens, [1] * seqs, bs, dtype), c, shape, iters=IT,
+                                   target=target and not c.small, compare_splits=compare_splits, rotate=rotate)
+
+        method = "graph/events" + (f", rotating {extra + 1} batches" if extra else "")
+        return Case(op, shape, run, method, "SDPA on dense KV" + ("; 1, n/2, 2n splits" * compare_splits))
 
     def split_forced() -> Case:
         shape = _shape(FEW, CTX, 1, H, KV, D, 32, f16, " 7 splits")

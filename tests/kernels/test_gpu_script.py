@@ -56,6 +56,7 @@ def run_script(tmp_path: Path, *args: str, hide: list[str] = IMAGE_LACKS, extra_
     return res.returncode, res.stdout + res.stderr, rows
 
 
+@pytest.mark.slow
 def test_dry_run_on_the_gpu_image(tmp_path):
     """Every module imports and prepares without the packages the image lacks; every row
     the GPU run will time is planned (at the GPU's sizes) and written as it comes; the
@@ -82,6 +83,7 @@ def test_dry_run_on_the_gpu_image(tmp_path):
     assert any(line.startswith("op ") and "GB/s" in line for line in tail[-40:])
 
 
+@pytest.mark.slow
 def test_a_missing_needed_package_is_a_row_not_a_crash(tmp_path):
     """Without `tokenizers` the engine check cannot build its tokenizer: the environment says
     so, the engine's preparation fails as a row, and everything else is still planned."""
