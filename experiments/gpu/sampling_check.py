@@ -184,10 +184,9 @@ def config_neighbours() -> list:  # list[TritonSamplerConfig]
             TritonSamplerConfig(block=4096, block_p=512, num_warps=16),
             TritonSamplerConfig(block=2048, block_p=256, num_warps=4),
             TritonSamplerConfig(block=2048, block_p=512, num_pivots=4),
-            TritonSamplerConfig(block=4096, block_p=1024, num_pivots=16, num_warps=16),
-            TritonSamplerConfig(block_p=512),  # the chunk before 2026-12-01: ~200 registers, 1 program per SM
-            TritonSamplerConfig(num_stages=1),
-            TritonSamplerConfig(num_stages=2)]
+            TritonSamplerConfig(block=4096, block_p=256, num_pivots=16, num_warps=16),
+            TritonSamplerConfig(block=1024, block_p=128, num_warps=4),
+            TritonSamplerConfig(block_p=512)]  # the chunk before 2026-12-01: ~210 registers, 1 program per SM
 
 
 def _small_case(batch: int, ctx: Context) -> dict:
