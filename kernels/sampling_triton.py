@@ -20,6 +20,12 @@ top-k / top-p thresholds by pivot search instead of sorting. Passes over a row:
   R    the race over x >= tau: on the copied candidates, or a full pass when they do
        not hold the whole kept set.
 
+Every pass keeps its statistics per lane (running max and first argmax, min, softmax
+sum, per-pivot count/mass/min/max, the race's best key and position) and reduces them
+once after its loop, so a chunk costs elementwise work and its load, with no block-wide
+reduction or barrier (only the compacting pass scans each chunk); the next chunk's load
+is issued before the current one is worked on.
+
 Typical top-k/top-p row: A + one full pivot pass + one full pass that also compacts +
 a few candidate passes + a race on the candidates: three passes over the logits.
 min_p alone needs no search (tau = max + T*log(min_p)): two passes. MAX_ITERS bounds
@@ -54,7 +60,9 @@ class TritonSamplerConfig:
     cap: int = 4096  # candidate scratch per row
     max_iters: int = 32  # pivot passes per stage before falling back to x >= L
     num_warps: int = 8
-    num_stages: int = 3  # software pipelining of the passes' loads
+    # Passed to the launch (Triton's default); the pipeliner gives these loads no buffers
+    # (they feed no dot): the kernel's own one-chunk prefetch keeps a load in flight.
+    num_stages: int = 3
 
     def __post_init__(self) -> None:
         # Fewer than 4 pivots would not split the interval (pivots 0 and NP-1 are its ends).
