@@ -9,12 +9,15 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+# Hydra and OmegaConf are imported where they are used (register, config_object): the
+# engine reads only the dataclasses, and must import where neither is installed (the
+# GPU machine's image; experiments/gpu/engine_check.py).
 
 
 # Enums make OmegaConf reject an unknown choice when the config is composed.
@@ -150,6 +153,8 @@ class IgnisConfig:
 
 
 def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
     cs = ConfigStore.instance()
     cs.store(name="ignis_schema", node=IgnisConfig)
     # Group files validate against these with `defaults: [/schema/GROUP@_here_: base]`.
@@ -162,6 +167,9 @@ def config_object(dcfg: DictConfig) -> Any:
     """The composed config as its dataclass, with logging set up at its `log_level`; a
     missing mandatory value (`+model=hf` without `model.path=DIR`) exits 2 with one line,
     not a traceback. Shared by the `ignis.serve` and `ignis.generate` entry points."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
+
     logging.basicConfig(level=dcfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = OmegaConf.to_object(dcfg)

@@ -16,12 +16,7 @@ import triton
 
 from kernels.attention_kernel import paged_attention_kernel
 from kernels.attention_ref import paged_attention_ref
-from kernels.attention_split import (
-    PROGRAMS_PER_SM,
-    choose_num_splits,
-    combine_splits_kernel,
-    sm_count,
-)
+from kernels.attention_split import choose_num_splits, combine_splits_kernel, sm_count, worth_splitting
 from kernels.backend import Backend, interpreting, use_triton
 
 _LOG2E = 1.4426950408889634
@@ -43,8 +38,11 @@ def tile_config(head_dim_pad: int, group_pad: int, max_query_len: int, dtype: to
     block_n = 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16
     num_stages = 3 if row_bytes <= 256 else 2
     if max_query_len <= 1:
-        # Decode is bandwidth bound: a small query tile, a pipelined K/V stream.
-        return TileConfig(max(16, group_pad), block_n, num_warps=4, num_stages=num_stages)
+        # Decode is bandwidth bound: a small query tile, a pipelined K/V stream. Three
+        # stages give K and V two shared buffers each (the kernel loads the block table
+        # one tile ahead, which is what lets the pipeliner do so: RESULTS.md, 2026-12-01):
+        # at most 2 x 2 x 16 KB, so three programs fit an SM.
+        return TileConfig(max(16, group_pad), block_n, num_warps=4, num_stages=3)
     max_rows = 128 if row_bytes <= 256 else 64 if row_bytes <= 512 else 32
     rows = triton.next_power_of_2(max_query_len) * group_pad
     block_m = max(16, group_pad, min(rows, max_rows))
@@ -74,6 +72,8 @@ def paged_attention_triton(
     of seq_lens; computed with a host sync when absent (max_seq_len only if the split
     heuristic needs it). num_splits: None picks by heuristic, 1 disables split-KV, n > 1
     forces n splits. config overrides the tile shapes (tests use it to reach edge cases).
+    Rows of q outside query_start_loc[0]:query_start_loc[-1] belong to no sequence and are
+    left as they are in `out` (query_start_loc[0] may be > 0).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -110,7 +110,7 @@ def paged_attention_triton(
         num_programs = num_tiles * num_kv_heads
         # Decode batches only (a prefill split would need partials for every token); the
         # occupancy test is cheap and comes before the sync that max_seq_len may need.
-        if decode and num_programs < PROGRAMS_PER_SM * sm_count(q.device):
+        if decode and worth_splitting(num_programs, sm_count(q.device)):
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())  # host sync
             num_splits = choose_num_splits(num_programs, max_seq_len, sm_count(q.device))

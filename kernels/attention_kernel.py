@@ -12,7 +12,10 @@ tile's key range and writes unnormalised partials (max, sum, acc) that
 
 Layout and masking semantics are those of `attention_ref.paged_attention_ref`. Every
 load is masked on the key range, so block-table entries past a sequence's length
-(-1 padding) are never dereferenced (the interpreter would not catch it).
+(-1 padding) are never dereferenced (the interpreter would not catch it). Rows of q
+outside qsl[0]:qsl[num_seqs] belong to no sequence (padding before or after the batch):
+no program writes them, in this kernel or in the split combine, and no index below 0
+of qsl is ever read.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import triton.language as tl
 
 @triton.jit
 def _find_sequence(qsl_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
-    """The sequence owning query tile `tile`: the last i with qsl[i] // BLOCK_Q + i <= tile.
+    """The sequence owning query tile `tile`: the last i with qsl[i] // BLOCK_Q + i <= tile,
+    or -1 when there is none (tiles below sequence 0's first: qsl[0] > 0, rows before the
+    batch, which no sequence owns). The caller must return on -1, never read qsl[-1].
 
     Sequence i's tiles are numbered from qsl[i] // BLOCK_Q + i, which leaves room for its
     cdiv(q_len, BLOCK_Q) tiles and so sizes the grid from num_tokens without a sync.
@@ -92,6 +97,8 @@ def paged_attention_kernel(
         # launching the longest programs first shortens the tail of the grid.
         tile = tl.num_programs(0) - 1 - tile
         seq = _find_sequence(qsl_ptr, num_seqs, tile, BLOCK_Q)
+        if seq < 0:  # a tile of the rows before qsl[0]: nobody's, left untouched
+            return
         q_start = tl.load(qsl_ptr + seq)
         tile_start = q_start + (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q
     q_end = tl.load(qsl_ptr + seq + 1)
@@ -143,16 +150,25 @@ def paged_attention_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bts
     k_head = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_head = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
+    # The block-table entries of the first tile; each iteration loads the next tile's
+    # (one table entry per key; repeated entries of a block hit in cache). Carried one
+    # iteration ahead, a tile's K/V addresses never wait on a load of the same iteration,
+    # so the pipeliner can keep num_stages - 1 tiles of K and V in flight (a separate
+    # shared buffer each) instead of one tile waiting on its table lookup.
+    j = first_kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    block = tl.load(table + (j // BLOCK_SIZE) * stride_btb, mask=(j < kv_hi) & (j >= kv_lo), other=0)
     for kv_tile in range(first_kv_tile, end_kv_tile):
         j = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         j_ok = (j < kv_hi) & (j >= kv_lo)
-        # One table entry per key; repeated entries of a block hit in cache.
-        block = tl.load(table + (j // BLOCK_SIZE) * stride_btb, mask=j_ok, other=0).to(tl.int64)
+        block64 = block.to(tl.int64)
+        j_next = j + BLOCK_N
+        # Masked past kv_hi: a -1 entry beyond the sequence is never read (nor dereferenced).
+        block = tl.load(table + (j_next // BLOCK_SIZE) * stride_btb, mask=j_next < kv_hi, other=0)
         slot = j % BLOCK_SIZE
 
         # K transposed: [HEAD_DIM, BLOCK_N].
         k = tl.load(
-            k_head + block[None, :] * stride_kb + slot[None, :] * stride_ks + d[:, None] * stride_kd,
+            k_head + block64[None, :] * stride_kb + slot[None, :] * stride_ks + d[:, None] * stride_kd,
             mask=j_ok[None, :] & d_ok[:, None],
             other=0.0,
         )
@@ -168,7 +184,7 @@ def paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
 
         v = tl.load(
-            v_head + block[:, None] * stride_vb + slot[:, None] * stride_vs + d[None, :] * stride_vd,
+            v_head + block64[:, None] * stride_vb + slot[:, None] * stride_vs + d[None, :] * stride_vd,
             mask=j_ok[:, None] & d_ok[None, :],
             other=0.0,
         )

@@ -20,6 +20,12 @@ top-k / top-p thresholds by pivot search instead of sorting. Passes over a row:
   R    the race over x >= tau: on the copied candidates, or a full pass when they do
        not hold the whole kept set.
 
+Every pass keeps its statistics per lane (running max and first argmax, min, softmax
+sum, per-pivot count/mass/min/max, the race's best key and position) and reduces them
+once after its loop, so a chunk costs elementwise work and its load, with no block-wide
+reduction or barrier (only the compacting pass scans each chunk); the next chunk's load
+is issued before the current one is worked on.
+
 Typical top-k/top-p row: A + one full pivot pass + one full pass that also compacts +
 a few candidate passes + a race on the candidates: three passes over the logits.
 min_p alone needs no search (tau = max + T*log(min_p)): two passes. MAX_ITERS bounds
@@ -44,14 +50,19 @@ _POS_INF = tl.constexpr(float("inf"))
 
 @dataclass(frozen=True)
 class TritonSamplerConfig:
-    # 8 warps and ~120 registers: two programs per SM, so 256 rows run in one wave on
-    # an H200 (132 SMs). Compile-checked for sm_90 without spills; not yet timed.
+    # 8 warps: two programs per SM, so 256 rows run in one wave on an H200 (132 SMs).
+    # Compile-checked for sm_90 without spills (experiments/RESULTS.md); not yet timed.
     block: int = 2048  # chunk of the 1-D passes (A, R)
-    block_p: int = 512  # chunk of the pivot passes: [block_p, num_pivots] tiles
+    # Chunk of the pivot passes: [block_p, num_pivots] tiles, four of them kept per lane
+    # across the pass (512 would need ~200 registers a thread: one program per SM).
+    block_p: int = 256
     num_pivots: int = 8  # NP, a power of two >= 4
     cap: int = 4096  # candidate scratch per row
     max_iters: int = 32  # pivot passes per stage before falling back to x >= L
     num_warps: int = 8
+    # Passed to the launch (Triton's default); the pipeliner gives these loads no buffers
+    # (they feed no dot): the kernel's own one-chunk prefetch keeps a load in flight.
+    num_stages: int = 3
 
     def __post_init__(self) -> None:
         # Fewer than 4 pivots would not split the interval (pivots 0 and NP-1 are its ends).
@@ -98,6 +109,14 @@ def _gumbel(token, k0, k1):
 
 
 @triton.jit
+def _first_max(val, idx):
+    """Reduce per-lane running bests once: (max of val, the smallest idx holding it). Each
+    lane kept its first (lowest-index) best, so this is the row's first best."""
+    vmax = tl.max(val, 0)
+    return vmax, tl.min(tl.where(val == vmax, idx, 2147483647), 0)
+
+
+@triton.jit
 def _pick(vec, jj, j):
     # vec[j] for a runtime j (exactly one lane survives the where, so +-inf pass through).
     return tl.sum(tl.where(jj == j, vec, tl.zeros_like(vec)), 0)
@@ -107,54 +126,67 @@ def _pick(vec, jj, j):
 def _pivot_stats(src, n, piv, m, inv_t, need_mass, do_write, wlo, whi, dst_x, dst_i,
                  BLOCK: tl.constexpr, NP: tl.constexpr):
     """Per pivot over src[0:n]: count and mass of x >= piv, min of x >= piv, max of x < piv.
-    With do_write, also append the x in [wlo, whi] (and their positions) to dst."""
-    cnt = tl.zeros([NP], tl.int32)
-    mass = tl.zeros([NP], tl.float32)
-    amin = tl.full([NP], _POS_INF, tl.float32)
-    bmax = tl.full([NP], _NEG_INF, tl.float32)
+    With do_write, also append the x in [wlo, whi] (and their positions) to dst.
+
+    The statistics accumulate per lane in [BLOCK, NP] tiles and are reduced once, after
+    the loop: a chunk costs elementwise work only (no block-wide reduction, no barrier),
+    except the compaction's running position on the one pass that copies."""
+    cnt = tl.zeros([BLOCK, NP], tl.int32)
+    mass = tl.zeros([BLOCK, NP], tl.float32)
+    amin = tl.full([BLOCK, NP], _POS_INF, tl.float32)
+    bmax = tl.full([BLOCK, NP], _NEG_INF, tl.float32)
     nw = tl.full([], 0, tl.int32)
+    lanes = tl.arange(0, BLOCK)
+    x_next = tl.load(src + lanes, mask=lanes < n, other=_NEG_INF)
     for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(src + offs, mask=offs < n, other=_NEG_INF).to(tl.float32)
+        offs = start + lanes
+        x = x_next.to(tl.float32)
+        # The next chunk's load is issued before this chunk's work: one chunk always in flight.
+        x_next = tl.load(src + offs + BLOCK, mask=offs + BLOCK < n, other=_NEG_INF)
         ge = x[:, None] >= piv[None, :]
-        cnt += tl.sum(ge.to(tl.int32), 0)
-        amin = tl.minimum(amin, tl.min(tl.where(ge, x[:, None], _POS_INF), 0))
-        bmax = tl.maximum(bmax, tl.max(tl.where(ge, _NEG_INF, x[:, None]), 0))
+        cnt += ge.to(tl.int32)
+        amin = tl.minimum(amin, tl.where(ge, x[:, None], _POS_INF))
+        bmax = tl.maximum(bmax, tl.where(ge, _NEG_INF, x[:, None]))
         if need_mass:
             q = tl.where(x > _NEG_INF, tl.exp((x - m) * inv_t), 0.0)
-            mass += tl.sum(tl.where(ge, q[:, None], 0.0), 0)
+            mass += tl.where(ge, q[:, None], 0.0)
         if do_write:
             sel = (x >= wlo) & (x <= whi)
             pos = nw + tl.cumsum(sel.to(tl.int32), 0) - 1
             tl.store(dst_x + pos, x, mask=sel)
             tl.store(dst_i + pos, offs, mask=sel)
             nw += tl.sum(sel.to(tl.int32), 0)
-    return cnt, mass, amin, bmax, nw
+    return tl.sum(cnt, 0), tl.sum(mass, 0), tl.min(amin, 0), tl.max(bmax, 0), nw
 
 
 @triton.jit
 def _race(src, src_idx, n, tau, inv_t, k0, k1, FROM_CAND: tl.constexpr, BLOCK: tl.constexpr):
-    """Gumbel race over the x >= tau in src[0:n]: (token id, its x); ties -> lowest id."""
-    best = tl.full([], _NEG_INF, tl.float32)
-    best_i = tl.full([], 0, tl.int32)
-    best_x = tl.full([], _NEG_INF, tl.float32)
+    """Gumbel race over the x >= tau in src[0:n]: (token id, its x); ties -> lowest id.
+    Per-lane running winners (key and position), reduced once after the loop; the
+    winner's id and x are read back from memory (fewer registers than carrying them)."""
+    best = tl.full([BLOCK], _NEG_INF, tl.float32)
+    best_at = tl.zeros([BLOCK], tl.int32)
     lanes = tl.arange(0, BLOCK)
+    x_next = tl.load(src + lanes, mask=lanes < n, other=_NEG_INF)
     for start in range(0, n, BLOCK):
         offs = start + lanes
         mask = offs < n
-        x = tl.load(src + offs, mask=mask, other=_NEG_INF).to(tl.float32)
+        x = x_next.to(tl.float32)
+        x_next = tl.load(src + offs + BLOCK, mask=offs + BLOCK < n, other=_NEG_INF)  # prefetch
         if FROM_CAND:
             tok = tl.load(src_idx + offs, mask=mask, other=0)
         else:
             tok = offs
         key = tl.where(x >= tau, x * inv_t + _gumbel(tok, k0, k1), _NEG_INF)
-        kmax = tl.max(key, 0)
-        win = lanes == tl.argmax(key, 0)
-        take = kmax > best
-        best = tl.where(take, kmax, best)
-        best_i = tl.where(take, tl.sum(tl.where(win, tok, 0), 0), best_i)
-        best_x = tl.where(take, tl.max(tl.where(win, x, _NEG_INF), 0), best_x)
-    return best_i, best_x
+        take = key > best  # strict: a lane keeps its earliest (lowest-id) winner
+        best = tl.where(take, key, best)
+        best_at = tl.where(take, offs, best_at)
+    # Candidates are stored in token order, so the lowest position is the lowest id.
+    _, at = _first_max(best, best_at)
+    x_win = tl.load(src + at).to(tl.float32)
+    if FROM_CAND:
+        return tl.load(src_idx + at), x_win
+    return at, x_win
 
 
 @triton.jit
@@ -272,43 +304,52 @@ def _sample_kernel(
     filtered = sampled & (k_on | p_on | mp_on)
     fused = sampled & ~(k_on | p_on | mp_on)
 
-    # Pass A (+ the race itself for unfiltered sampled rows).
+    # Pass A (+ the race itself for unfiltered sampled rows). Per-lane running max (and
+    # the first index reaching it), min, softmax denominator and race winner, reduced
+    # once after the loop: a chunk is elementwise work on BLOCK lanes and its load.
     lanes = tl.arange(0, BLOCK)
-    m = tl.full([], _NEG_INF, tl.float32)
-    s = tl.full([], 0.0, tl.float32)
-    xmin = tl.full([], _POS_INF, tl.float32)
-    tok = tl.full([], 0, tl.int32)
-    best = tl.full([], _NEG_INF, tl.float32)
-    best_i = tl.full([], 0, tl.int32)
-    best_x = tl.full([], _NEG_INF, tl.float32)
+    m_v = tl.full([BLOCK], _NEG_INF, tl.float32)
+    s_v = tl.zeros([BLOCK], tl.float32)
+    xmin_v = tl.full([BLOCK], _POS_INF, tl.float32)
+    tok_v = tl.zeros([BLOCK], tl.int32)
+    best_v = tl.full([BLOCK], _NEG_INF, tl.float32)
+    best_i_v = tl.zeros([BLOCK], tl.int32)
+    x_next = tl.load(x_ptr + lanes, mask=lanes < V, other=_NEG_INF)
     for start in range(0, V, BLOCK):
         offs = start + lanes
-        x = tl.load(x_ptr + offs, mask=offs < V, other=_NEG_INF).to(tl.float32)
+        x = x_next.to(tl.float32)
+        # Prefetch: the next chunk's load is in flight while this one is worked on.
+        x_next = tl.load(x_ptr + offs + BLOCK, mask=offs + BLOCK < V, other=_NEG_INF)
         finite = x > _NEG_INF
-        cmax = tl.max(x, 0)
-        tok = tl.where(cmax > m, start + tl.argmax(x, 0), tok)
-        m_new = tl.maximum(m, cmax)
-        if LOGPROBS:  # online softmax denominator; sampling itself never needs it
-            alpha = tl.where(m_new > m, tl.exp((m - m_new) * inv_t), 1.0)
-            s = s * alpha + tl.sum(tl.where(finite, tl.exp((x - m_new) * inv_t), 0.0), 0)
-        m = m_new
-        xmin = tl.minimum(xmin, tl.min(tl.where(finite, x, _POS_INF), 0))
+        tok_v = tl.where(x > m_v, offs, tok_v)
+        m_new = tl.maximum(m_v, x)
+        if LOGPROBS:  # online softmax denominator per lane; sampling itself never needs it
+            # Lanes still at -inf (no finite value yet) contribute 0 and rescale by 0.
+            grew = m_new > m_v
+            safe = tl.where(m_new > _NEG_INF, m_new, 0.0)
+            alpha = tl.exp((tl.where(grew, m_v, safe) - safe) * inv_t)
+            s_v = s_v * alpha + tl.where(finite, tl.exp((x - safe) * inv_t), 0.0)
+        m_v = m_new
+        xmin_v = tl.minimum(xmin_v, tl.where(finite, x, _POS_INF))
         if fused:
             key = x * inv_t + _gumbel(offs, k0, k1)
-            kmax = tl.max(key, 0)
-            win = lanes == tl.argmax(key, 0)
-            take = kmax > best
-            best = tl.where(take, kmax, best)
-            best_i = tl.where(take, start + tl.argmax(key, 0), best_i)
-            best_x = tl.where(take, tl.max(tl.where(win, x, _NEG_INF), 0), best_x)
-
+            take = key > best_v
+            best_v = tl.where(take, key, best_v)
+            best_i_v = tl.where(take, offs, best_i_v)
+    m, tok = _first_max(m_v, tok_v)  # the row's max and its first argmax
+    xmin = tl.min(xmin_v, 0)
     x_tok = m
+    if LOGPROBS:
+        live = m_v > _NEG_INF
+        s = tl.sum(tl.where(live, s_v * tl.exp((tl.where(live, m_v, m) - m) * inv_t), 0.0), 0)
+    if fused:
+        _, tok = _first_max(best_v, best_i_v)
+        x_tok = tl.load(x_ptr + tok).to(tl.float32)
+
     tau = tl.where(sampled, xmin, m)  # what a debug caller sees for rows without a search
     n_full = tl.full([], 0, tl.int32)
     n_cand = tl.full([], 0, tl.int32)
-    if fused:
-        tok = best_i
-        x_tok = best_x
+    n_race = tl.full([], 0, tl.int32)
     if filtered:
         off = tl.where(mp_on, temp * tl.log(tl.where(mp_on, min_p, 1.0)), _NEG_INF)
         floor = tl.maximum(xmin, m + off)
@@ -318,10 +359,12 @@ def _sample_kernel(
             tok, x_tok = _race(cx_ptr, ci_ptr, n_c, tau, inv_t, k0, k1, True, BLOCK_P)
         else:
             tok, x_tok = _race(x_ptr, ci_ptr, V, tau, inv_t, k0, k1, False, BLOCK)
+            n_race = tl.full([], 1, tl.int32)
     if DEBUG:
         tl.store(dbg_tau_ptr + row, tau)
-        tl.store(dbg_pass_ptr + 2 * row, n_full)
-        tl.store(dbg_pass_ptr + 2 * row + 1, n_cand)
+        tl.store(dbg_pass_ptr + 3 * row, n_full)
+        tl.store(dbg_pass_ptr + 3 * row + 1, n_cand)
+        tl.store(dbg_pass_ptr + 3 * row + 2, n_race)
     tl.store(tok_ptr + row, tok.to(tl.int64))
     if LOGPROBS:
         tl.store(lp_ptr + row, (x_tok - m) * inv_t - tl.log(s))
@@ -333,7 +376,7 @@ def _launch(x: torch.Tensor, params: SamplingTensors, cfg: TritonSamplerConfig, 
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     lps = torch.empty(B if logprobs else 1, dtype=torch.float32, device=dev)
     dbg_tau = torch.empty(B if debug else 1, dtype=torch.float32, device=dev)
-    dbg_pass = torch.zeros(B if debug else 1, 2, dtype=torch.int32, device=dev)
+    dbg_pass = torch.zeros(B if debug else 1, 3, dtype=torch.int32, device=dev)
     if B > 0:
         cand_x = torch.empty(B, cfg.cap, dtype=torch.float32, device=dev)
         cand_i = torch.empty(B, cfg.cap, dtype=torch.int32, device=dev)
@@ -344,6 +387,7 @@ def _launch(x: torch.Tensor, params: SamplingTensors, cfg: TritonSamplerConfig, 
             BLOCK=cfg.block, BLOCK_P=cfg.block_p, NP=cfg.num_pivots, CAP=cfg.cap,
             MAX_ITERS=cfg.max_iters, GREEDY_EPS=GREEDY_EPS, LOGPROBS=logprobs, DEBUG=debug,
             num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
     return tokens, lps, dbg_tau, dbg_pass
 
@@ -375,9 +419,10 @@ def sample_triton(
 def sample_triton_debug(
     logits: torch.Tensor, params: SamplingTensors, config: TritonSamplerConfig | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For tests and benchmarks: (tokens, tau [B], passes [B, 2]). A sampled row may draw
+    """For tests and benchmarks: (tokens, tau [B], passes [B, 3]). A sampled row may draw
     exactly the tokens with x >= tau (x = penalised float32 logits); passes counts the
-    full-row and the candidate pivot passes of its threshold search."""
+    full-row and the candidate pivot passes of its threshold search, and (0 or 1) whether
+    its race read the full row. Passes over the vocabulary: 1 (pass A) + [:, 0] + [:, 2]."""
     x = _penalised(logits, params, inplace=False)
     tokens, _, tau, passes = _launch(x, params, config or DEFAULT_CONFIG, logprobs=False, debug=True)
     return tokens, tau, passes

@@ -6,7 +6,13 @@ The interpreter runs kernels as Python, so it cannot catch what only the compile
 Triton compiles ahead of time for an explicit target with the ptxas it bundles, so this
 runs on a CPU machine. Run as a script (TRITON_INTERPRET must be unset; --quick for the
 common configurations only): prints one JSON line per configuration with its shared
-memory, registers and spills. tests/kernels/test_sm90_compile.py drives it.
+memory, registers, spills, and what shows whether loads are pipelined and reductions
+cheap: the shared-memory buffers the pipeliner allocated for the loop's loads (`buffers`:
+name -> copies, e.g. {"k": 3, "v": 3} for triple-buffered K and V), the largest
+`async_wait` count (copies left in flight at a wait; 0: every wait drains them all),
+barriers in the PTX, reduce ops in the IR (all, and inside loops: paid per chunk) and
+16-byte global loads. tests/kernels/test_sm90_compile.py drives it, and
+experiments/RESULTS.md quotes it (with Triton 3.7.1 and 3.6.0, the GPU image's).
 """
 
 from __future__ import annotations
@@ -34,10 +40,13 @@ TARGET = GPUTarget("cuda", 90, 32)
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-def _compile(fn, ptr_types: dict[str, str], float_args: set[str], const: dict, num_warps: int, num_stages: int):
+def _compile(fn, ptr_types: dict[str, str], float_args: set[str], const: dict, num_warps: int, num_stages: int,
+             divisible: frozenset[str] = frozenset()):
     names = fn.arg_names
     # What the runtime specialises: stride 1 is a constant, pointers and the other
-    # strides of real caches are multiples of 16 (elements or bytes).
+    # strides of real caches are multiples of 16 (elements or bytes), and so is any int
+    # argument the caller names in `divisible` (the sampler's vocabulary: 151,936 and
+    # 49,152 are multiples of 16, which lets its loads be 16 bytes wide).
     sig, attrs = {}, {}
     for i, n in enumerate(names):
         if n in const:
@@ -49,7 +58,7 @@ def _compile(fn, ptr_types: dict[str, str], float_args: set[str], const: dict, n
             sig[n] = "fp32"
         else:
             sig[n] = "i32"
-            if n.startswith("stride_") and n not in ("stride_bts",):
+            if (n.startswith("stride_") and n not in ("stride_bts",)) or n in divisible:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     kernel = triton.compile(
         ASTSource(fn, sig, const, attrs), target=TARGET, options=dict(num_warps=num_warps, num_stages=num_stages)
@@ -67,6 +76,45 @@ def _ptxas_stats(ptx: str) -> dict:
     regs = re.search(r"Used (\d+) registers", info)
     spills = re.search(r"(\d+) bytes spill stores", info)
     return {"regs": int(regs.group(1)) if regs else None, "spill_bytes": int(spills.group(1)) if spills else None}
+
+
+_ALLOC = re.compile(r"%(\w+?)_\d+ = ttg\.local_alloc\s*:\s*\(\)\s*->\s*!ttg\.memdesc<(\d+)x[^>]*mutable>")
+_WAIT = re.compile(r"ttg\.async_wait[^{]*\{num = (\d+)")
+
+
+def _loop_reduces(ttgir: str) -> int:
+    """Reduce and scan ops inside scf.for bodies: the ones paid on every chunk of a pass."""
+    stack: list[bool] = []
+    count = 0
+    for line in ttgir.splitlines():
+        text = line.strip()
+        closes = text.startswith("}")
+        if closes and stack:
+            stack.pop()
+        if any(stack) and ('"tt.reduce"(' in text or '"tt.scan"(' in text):
+            count += 1
+        if text.endswith("{") and not text.startswith("tt.reduce.return"):
+            stack.append("scf.for" in text and not closes)
+    return count
+
+
+def ir_stats(kernel) -> dict:
+    """Pipelining and synchronisation, read off the compiled IR and PTX (module doc)."""
+    ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
+    buffers: dict[str, int] = {}
+    for name, copies in _ALLOC.findall(ttgir):
+        buffers[name] = max(buffers.get(name, 0), int(copies))
+    waits = [int(n) for n in _WAIT.findall(ttgir)]
+    return {
+        "buffers": buffers,
+        # The most copies a wait leaves in flight: 0 = every wait (the loop's included)
+        # drains all of them, so no load overlaps the math that precedes its use.
+        "max_async_wait": max(waits) if waits else None,
+        "barriers": len(re.findall(r"\b(?:bar|barrier)\.sync\b", ptx)),
+        "reduces": ttgir.count('"tt.reduce"('),
+        "loop_reduces": _loop_reduces(ttgir),
+        "wide_loads": len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx)),
+    }
 
 
 def attention_configs(quick: bool = False):
@@ -104,11 +152,14 @@ def compile_all(quick: bool = False) -> list[dict]:
             USE_WINDOW=window, UPCAST=False, FP32_DOT=dtype == torch.float32,
             stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
         )
-        k = _compile(paged_attention_kernel, ptrs, {"qk_scale"}, const, cfg.num_warps, cfg.num_stages)
+        # The runtime marks an int argument divisible by 16 when it is (head_dim 80 is):
+        # what lets the masked loads of a padded head stay 16-byte async copies.
+        divisible = frozenset({"head_dim"}) if head_dim % 16 == 0 else frozenset()
+        k = _compile(paged_attention_kernel, ptrs, {"qk_scale"}, const, cfg.num_warps, cfg.num_stages, divisible)
         rows.append({
             "kernel": "paged_attention", "dtype": ty, "head_dim": head_dim, "group_pad": group_pad,
             "max_query_len": max_q, "splits": splits, "window": window, **cfg.__dict__,
-            "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]),
+            "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k),
         })
     for dtype in (torch.bfloat16, torch.float32):
         for head_dim_pad in (128,) if quick else (64, 128):
@@ -117,7 +168,7 @@ def compile_all(quick: bool = False) -> list[dict]:
                     "out_ptr": f"*{_TY[dtype]}", "qsl_ptr": "*i32"}
             k = _compile(combine_splits_kernel, ptrs, set(), const, 4, 1)
             rows.append({"kernel": "combine_splits", "dtype": _TY[dtype], "head_dim": head_dim_pad,
-                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"])})
+                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
     for dtype in (torch.bfloat16, torch.float32):
         for head_dim, heads in ((64, 3), (128, 8)) if quick else ((64, 3), (128, 8), (80, 2)):
             block_d = triton.next_power_of_2(head_dim)
@@ -127,7 +178,7 @@ def compile_all(quick: bool = False) -> list[dict]:
             ptrs = {"key_ptr": ty, "value_ptr": ty, "k_cache_ptr": ty, "v_cache_ptr": ty, "slot_ptr": "*i64"}
             k = _compile(_write_kv_kernel, ptrs, set(), const, 4, 1)
             rows.append({"kernel": "write_kv", "dtype": _TY[dtype], "head_dim": head_dim, "heads": heads,
-                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"])})
+                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
     for dtype in (torch.bfloat16, torch.float32):
         for logprobs in (False, True) if not quick or dtype == torch.bfloat16 else (False,):
             ptrs = {"x_base": f"*{_TY[dtype]}", "topk_ptr": "*i32", "ci_base": "*i32", "dbg_pass_ptr": "*i32",
@@ -135,9 +186,11 @@ def compile_all(quick: bool = False) -> list[dict]:
             ptrs |= {n: "*fp32" for n in ("temp_ptr", "topp_ptr", "minp_ptr", "cx_base", "lp_ptr", "dbg_tau_ptr")}
             const = dict(BLOCK=SAMPLER.block, BLOCK_P=SAMPLER.block_p, NP=SAMPLER.num_pivots, CAP=SAMPLER.cap,
                          MAX_ITERS=SAMPLER.max_iters, GREEDY_EPS=GREEDY_EPS, LOGPROBS=logprobs, DEBUG=False)
-            k = _compile(_sample_kernel, ptrs, set(), const, SAMPLER.num_warps, 1)
-            rows.append({"kernel": "sample", "dtype": _TY[dtype], "logprobs": logprobs,
-                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"])})
+            # num_stages as launched (Triton's default, 3, before the config named it).
+            stages = getattr(SAMPLER, "num_stages", 3)
+            k = _compile(_sample_kernel, ptrs, set(), const, SAMPLER.num_warps, stages, divisible=frozenset({"V"}))
+            rows.append({"kernel": "sample", "dtype": _TY[dtype], "logprobs": logprobs, "num_stages": stages,
+                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
     return rows
 
 

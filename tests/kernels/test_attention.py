@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from kernels import paged_attention, paged_attention_ref
 from kernels.attention import TileConfig, paged_attention_triton, tile_config
-from kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits
+from kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits, worth_splitting
 from kernels.testing import PagedBatch, make_paged_batch
 
 TOL = {
@@ -216,9 +216,13 @@ def test_split_kv_low_precision_window(seed, dtype):
 
 
 def test_split_kv_heuristic():
-    # A full decode launch does not split; a few long sequences do, bounded by length.
+    # A launch near PROGRAMS_PER_SM programs per SM (528 on 132 SMs) does not split; few
+    # sequences do, up to that many programs and no shorter than MIN_KEYS_PER_SPLIT keys.
     assert choose_num_splits(num_programs=512, max_seq_len=4096, num_sms=132) == 1
-    assert choose_num_splits(num_programs=32, max_seq_len=32768, num_sms=132) == 9
+    assert not worth_splitting(512, 132) and worth_splitting(264, 132)
+    assert choose_num_splits(num_programs=264, max_seq_len=4096, num_sms=132) == 2
+    assert choose_num_splits(num_programs=8, max_seq_len=4096, num_sms=132) == 32  # batch 1, 8 kv heads
+    assert choose_num_splits(num_programs=32, max_seq_len=32768, num_sms=132) == 16
     assert choose_num_splits(num_programs=32, max_seq_len=2 * MIN_KEYS_PER_SPLIT, num_sms=132) == 2
     assert choose_num_splits(num_programs=8, max_seq_len=100, num_sms=132) == 1
     assert choose_num_splits(num_programs=1, max_seq_len=10**6, num_sms=132) == 64
@@ -267,6 +271,33 @@ def test_padding_tokens_untouched(seed):
         out = paged_attention_triton(*batch.args(), out=torch.full_like(batch.q, 7.0), num_splits=splits)
         assert (out[-3:] == 7.0).all()
         assert not out[:-3].isnan().any()
+
+
+def _after(value: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` as a view that has `value` in the memory just before it (index -1 of a
+    kernel's pointer), so an out-of-bounds read there finds plausible data."""
+    return torch.cat([value.reshape(1, *tensor.shape[1:]).to(tensor.dtype), tensor])[1:]
+
+
+@pytest.mark.parametrize("mode", ["prefill", "mixed", "decode"])
+def test_rows_before_the_batch_untouched(seed, mode):
+    """query_start_loc[0] > 0: the rows before it belong to no sequence. Their prefill
+    tiles must not look up sequence -1 (qsl[-1], whose memory here holds a plausible 0,
+    as seq_lens[-1] and block_tables[-1] hold sequence 0's), and no program may write
+    them; the batch's own rows are exact."""
+    batch = batch_for(seed, mode, 3, 32, 16)
+    lead = 9  # two tiles of 4 tokens (block_m 16 / 4 padded heads) before the batch
+    q = torch.cat([torch.randn(lead, *batch.q.shape[1:]), batch.q])
+    qsl = _after(torch.tensor(0), batch.query_start_loc + lead)
+    seq_lens = _after(batch.seq_lens[0], batch.seq_lens)
+    tables = _after(batch.block_tables[0], batch.block_tables)
+    args = (q, batch.k_cache, batch.v_cache, tables, qsl, seq_lens)
+    ref = paged_attention_ref(*args)
+    config = TileConfig(16, 16, num_warps=4, num_stages=1)
+    for splits in (1, 3) if mode == "decode" else (1,):
+        out = paged_attention_triton(*args, out=torch.full_like(q, 7.0), num_splits=splits, config=config)
+        assert (out[:lead] == 7.0).all(), f"seed={seed} splits={splits}: wrote rows before qsl[0]"
+        torch.testing.assert_close(out[lead:], ref[lead:], **TOL[torch.float32], msg=lambda m: f"{m}\nseed={seed}")
 
 
 def test_empty_batch():

@@ -20,7 +20,7 @@ import triton.language as tl
 from kernels.sampling import SamplingTensors, logprob_distribution, sample
 from kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
 from kernels.sampling_ref import inverse_temperature, keep_mask, row_keys, sample_ref, uniform_bits
-from kernels.sampling_triton import TritonSamplerConfig, _mix32, _row_keys, sample_triton_debug
+from kernels.sampling_triton import TritonSamplerConfig, _mix32, _row_keys, sample_triton, sample_triton_debug
 
 # Tiny chunks and scratch so a few hundred tokens exercise every path of the kernel:
 # several chunks per pass, candidates copied whole / bucket only / not at all.
@@ -149,6 +149,31 @@ def test_sample_triton_backend_and_logprobs(seed):
         torch.testing.assert_close(lp, expect.gather(1, tok[:, None])[:, 0], atol=1e-4, rtol=1e-5,
                                    msg=lambda m: f"{name} seed={seed}: {m}")
     assert (tokens == ref_tokens).float().mean() >= 0.9, f"seed={seed}"  # exact rows: test above
+
+
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=["tiny", "small"])
+def test_lane_reductions_across_chunks(seed, config):
+    """The passes keep per-lane running bests and reduce once after the loop: over many
+    chunks, greedy still takes the first index of a tied max (ties placed in different
+    lanes and chunks), plain temperature sampling the reference's token, and the logprob
+    (an online per-lane softmax sum) matches log_softmax, with -inf entries and whole
+    chunks of -inf (lanes that never see a finite value) on the way."""
+    g = torch.Generator().manual_seed(seed)
+    B, V = 8, 200
+    x = (torch.randn(B, V, generator=g) * 2).round()
+    x[:, 40:80] = float("-inf")  # whole chunks of the tiny config, lanes of the small one
+    x[:, 3::7] = float("-inf")
+    top = x.max(1, keepdim=True).values
+    x[0, [150, 5, 97]] = top[0] + 1  # a tie over three chunks: token 5 wins
+    x[1, [190, 130]] = top[1] + 1  # the same lane (mod 32 and mod 64) in two chunks: 130
+    temps = [0.0, 0.0, 0.0, 0.0, 1.0, 0.7, 1.3, 1.0]
+    params = SamplingTensors.from_lists(temps, seed=list(range(B)))
+    tokens, lps = sample_triton(x, params, return_logprobs=True, config=config)
+    want, want_lp = sample_ref(x, params, return_logprobs=True)
+    assert tokens[:2].tolist() == [5, 130], f"seed={seed}"
+    assert torch.equal(tokens[:4], x[:4].argmax(1)), f"seed={seed}"
+    assert torch.equal(tokens, want), f"seed={seed}"
+    torch.testing.assert_close(lps, want_lp, atol=1e-4, rtol=1e-5, msg=lambda m: f"seed={seed}: {m}")
 
 
 def test_logprob_distribution_is_the_reported_one(seed):
@@ -371,14 +396,19 @@ def test_inplace_penalties_flag(seed):
 
 def test_top_k_pass_count():
     """A top-k=50 row over a 4096 vocab: one full pivot pass, then one that also copies
-    the candidates; the rest runs on the copy (the kernel's main cost model)."""
+    the candidates; the rest runs on the copy (the kernel's main cost model). Without
+    room to copy them (cap 8), the race reads the whole row: one more full pass."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4096, generator=g) * 2.5
     x[:, :40] += torch.linspace(9, 3, 40)
     params = SamplingTensors.from_lists([1.0, 0.8], top_k=[50, 50], top_p=[1.0, 0.9], seed=[5, 6])
     tokens, tau, passes = sample_triton_debug(x, params, TritonSamplerConfig(block=2048, block_p=512, cap=512))
     assert passes[:, 0].tolist() == [2, 2], passes
+    assert passes[:, 2].tolist() == [0, 0], passes  # the race ran on the copied candidates
     assert torch.equal((x >= tau[:, None]), keep_mask(x, params))
+    assert torch.equal(tokens, sample_ref(x, params))
+    tokens, tau, passes = sample_triton_debug(x, params, TritonSamplerConfig(block=2048, block_p=512, cap=8))
+    assert passes[0, 2] == 1, passes  # 50 kept tokens never fit 8 slots (row 1's top-p set may)
     assert torch.equal(tokens, sample_ref(x, params))
 
 
