@@ -32,6 +32,13 @@ class DType(str, Enum):
     float16 = "float16"
 
 
+class WeightForm(str, Enum):
+    auto = "auto"  # CPU + GGUF: quantized for max_num_seqs <= 4, else bfloat16; elsewhere float32
+    float32 = "float32"  # dequantize every weight (model.dtype decides on CUDA)
+    bfloat16 = "bfloat16"  # CPU: oneDNN-packed bf16 GEMMs, bf16 activations
+    quantized = "quantized"  # CPU: the GGUF's 4-bit blocks as int4 GEMMs, other types int8
+
+
 class KernelBackend(str, Enum):
     auto = "auto"  # Triton on CUDA, the PyTorch references elsewhere
     triton = "triton"
@@ -50,6 +57,9 @@ class ModelConfig:
     script: str | None = None
     dtype: DType = DType.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # How GGUF weights are held on the CPU (ignis/model/packed.py); auto keeps the file's
+    # quantization for a one-user engine (engine.max_num_seqs <= 4), bf16 when it batches.
+    weight_form: WeightForm = WeightForm.auto
 
     def missing(self) -> str | None:
         """The key this format needs and lacks. (A group file's ``???`` does not survive the

@@ -83,6 +83,8 @@ def pack_linear_weights(model: Transformer, batch_hint: int = BATCH_HINT) -> Lin
 
 
 def unpack_linear_weights(model: Transformer) -> None:
+    if getattr(model, "dtype", None) != torch.float32:
+        return  # packed weight forms (ignis/model/packed.py): the ops are the only weights
     for m in model.modules():
         if isinstance(m, Linear):
             m.linear_op = None
