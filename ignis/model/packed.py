@@ -10,8 +10,9 @@ Forms (`model.weight_form`):
              output row (requantized: a small loss, measured in RESULTS.md). The LM head is
              bf16 oneDNN-packed (int8's GEMM is 10x slower than bf16's from 16 rows, and
              the head runs at every sampling row).
-Under bfloat16 and quantized, activations (and so the KV cache) are bf16; the embedding
-table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
+Activations (and the KV cache) stay fp32: each GEMM casts its input to bf16 and its
+output back (torch's CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32
+at decode sizes, measured; the casts cost ~2 us per GEMM). The embedding table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
 dequantized row by row as tokens are looked up. A tied head is therefore the only tensor
 held twice, in two forms (the table for lookups, the packed head for the GEMM).
 
@@ -70,13 +71,18 @@ def resolve_weight_form(form: str, *, kind: str, device: torch.device, max_num_s
 
 
 class PackedLinear:
-    """y = x W^T (+ b) over a packed W; x is [T, K] in the model's dtype (bf16)."""
+    """y = x W^T (+ b) over a packed W: x [T, K] fp32 (or bf16), y [T, N] fp32; the
+    GEMM itself runs on bf16 activations (`_mm`)."""
 
     form = ""
     nbytes = 0
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._mm(x.to(torch.bfloat16)).float()
+        return y if self.bias is None else y + self.bias
 
     def dense(self) -> torch.Tensor:
         """W as fp32 [N, K] (tests and accuracy checks; computed through the op itself)."""
@@ -107,9 +113,8 @@ class Int4Linear(PackedLinear):
         self.bias = bias
         self.nbytes = self.packed.numel() + self.scales_zeros.numel() * 2
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
-        return y if self.bias is None else y + self.bias
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
 
 
 class Int8Linear(PackedLinear):
@@ -126,9 +131,8 @@ class Int8Linear(PackedLinear):
         self.bias = bias
         self.nbytes = self.weight.numel() + self.scale.numel() * 2
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
-        return y if self.bias is None else y + self.bias
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
 
 
 class Bf16Linear(PackedLinear):
@@ -142,8 +146,8 @@ class Bf16Linear(PackedLinear):
         self.bias = bias
         self.nbytes = w.numel() * 2
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
 class Q8Embedding:
@@ -172,7 +176,7 @@ class DenseEmbedding:
         self.nbytes = table.numel() * table.element_size()
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.table)
+        return F.embedding(ids, self.table).float()
 
     def dense(self) -> torch.Tensor:
         return self.table.float()
@@ -243,10 +247,10 @@ def load_packed_gguf(
     reader: gguf.GGUFReader, config: ModelConfig, form: str, progress: Callable[[Iterator], Iterator] | None = None
 ) -> Transformer:
     """The model with every projection as a packed op of `form` ("bfloat16" or "quantized"),
-    built straight from the file's blocks, one fused weight at a time; activations bf16."""
+    built straight from the file's blocks, one fused weight at a time; activations fp32."""
     if form not in ("bfloat16", "quantized"):
         raise ValueError(f"load_packed_gguf builds bfloat16 or quantized weights, not {form!r}")
-    dtype = torch.bfloat16
+    dtype = torch.float32
     model = Transformer(config, dtype=dtype, device="cpu")
     # Fused GEMMs and the parts that fill them, in order.
     c = config
@@ -323,7 +327,7 @@ def load_packed_gguf(
         q, s = decode_q8_0(embed.data, embed.shape[1])
         model.embed_op = Q8Embedding(q, s, dtype)
     else:
-        model.embed_op = DenseEmbedding(torch.from_numpy(embed.dense()).to(dtype))
+        model.embed_op = DenseEmbedding(torch.from_numpy(embed.dense()).to(torch.bfloat16))
     # The head: bf16 oneDNN at every form (see the module docstring).
     head_w = torch.from_numpy((head or embed).dense())
     model.head_op = Bf16Linear(head_w, None)
