@@ -80,7 +80,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     # KV-cache size: an explicit block count wins; else kv_cache_gib of memory; else
-    # auto (CUDA: 90% of the memory left after the weights; CPU: min(2 GiB, 20% of RAM)).
+    # auto (CUDA: 90% of the memory left after the weights; CPU: max_num_seqs sequences
+    # at max_model_len, at most 25% of free RAM, resident only as blocks fill).
     num_kv_blocks: int | None = None
     kv_cache_gib: float | None = None
     enable_prefix_caching: bool = True

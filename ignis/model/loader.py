@@ -177,6 +177,7 @@ def load_model(
         raise ValueError(f"kind must be 'gguf' or 'hf', got {kind!r}")
 
     name = name or (p.stem if kind == "gguf" else p.name)
+    _release_freed_heap()
     # The checkpoint's stop ids first, then any the tokenizer adds (e.g. <|im_end|>, <|endoftext|>).
     eos = list(config.eos_token_ids)
     for token_id in sorted(getattr(tokenizer, "eos_token_ids", None) or ()):
@@ -197,6 +198,17 @@ def load_model(
         path=str(p),
         kind=kind,
     )
+
+
+def _release_freed_heap() -> None:
+    """Hand the decode temporaries' freed heap back to the OS (glibc keeps it otherwise:
+    ~50 MB of resident memory after packing SmolLM2, measured)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _load_scripted(script: str | None, device: torch.device, name: str | None) -> LoadedModel:
