@@ -26,6 +26,7 @@ from ignis.engine.sequence import Sequence
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.transformer import Transformer
+from kernels.attention_cpu_prefill import CpuAttention
 from kernels.sampling import SamplingTensors, logprob_distribution, sample
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class ModelRunner:
         if self.use_cpu_attention:
             meta.write_kv_op = _CpuKvWriter(meta.slot_mapping)
             num_decodes = int(np.count_nonzero(q_lens == 1))
-            meta.attention_op = kernels.BatchedCpuAttention(
+            meta.attention_op = CpuAttention(
                 meta.block_tables, meta.query_start_loc, meta.seq_lens,
                 num_decodes=num_decodes,
                 decode_max_seq_len=int(seq_lens[:num_decodes].max()) if num_decodes else 0,
