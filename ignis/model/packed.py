@@ -9,7 +9,8 @@ Forms (`model.weight_form`):
              values; other types (Q8_0, Q5_x, Q6_K, f16, ...) become int8 with one scale per
              output row (requantized: a small loss, measured in RESULTS.md). The LM head is
              bf16 oneDNN-packed (int8's GEMM is 10x slower than bf16's from 16 rows, and
-             the head runs at every sampling row).
+             the head runs at every sampling row), each row's top candidates then
+             recomputed in fp32 from exact rows (RefinedHead: a bf16 head flips near-ties).
 Activations (and the KV cache) stay fp32: each GEMM casts its input to bf16 and its
 output back (torch's CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32
 at decode sizes, measured; the casts cost ~2 us per GEMM). The embedding table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
@@ -150,6 +151,31 @@ class Bf16Linear(PackedLinear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
+class RefinedHead:
+    """The LM head: bf16 GEMM logits for the whole vocabulary, then the top REFINE_TOP
+    candidates of each row recomputed in fp32 from the exact embedding rows.
+
+    bf16 rounding of the hidden state and of the head weights moves a logit by ~1% of the
+    largest: harmless on average (perplexity within 0.1%) but enough to flip a near-tie at
+    the top, and a 135M model's greedy answer with it ("What is the capital of France?":
+    "The capital of France is Paris." in fp32, "L'Etoile, la Marseillaise, ..." with a
+    bf16 head, measured). The candidates' exact logits cost a top-k and REFINE_TOP row
+    dots per row; greedy choices then match fp32 whenever fp32's best is among bf16's top."""
+
+    def __init__(self, gemm: Bf16Linear, rows: Callable[[torch.Tensor], torch.Tensor], top: int = 8) -> None:
+        self.gemm, self.rows, self.top = gemm, rows, top
+        self.nbytes = gemm.nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gemm(x)
+        if x.shape[0] == 0:
+            return logits
+        top = logits.topk(min(self.top, logits.shape[1]), dim=-1).indices  # [M, top]
+        w = self.rows(top.reshape(-1)).view(*top.shape, -1).float()  # [M, top, K]
+        exact = torch.bmm(w, x.float()[:, :, None])[..., 0]
+        return logits.scatter_(1, top, exact)
+
+
 class Q8Embedding:
     """Token embedding from Q8_0 blocks: int8 values and one fp16 scale per 32, looked up
     then dequantized (the rows of a step only)."""
@@ -238,6 +264,17 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, form: str) -> Pa
     return Int8Linear(w, bias) if form == "quantized" else Bf16Linear(w, bias)
 
 
+def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | DenseEmbedding:
+    """Row lookups in the file's form: Q8_0 as int8 + block scales (exact), else fp32 rows
+    (bf16 when the file holds them at 16 bits or fewer)."""
+    if raw.qtype == QT.Q8_0:
+        q, s = decode_q8_0(raw.data, raw.shape[1])
+        return Q8Embedding(q, s, dtype)
+    small = raw.qtype in (QT.F16, QT.BF16) or raw.qtype in INT4_TYPES
+    w = torch.from_numpy(raw.dense())
+    return DenseEmbedding(w.to(torch.bfloat16) if small and raw.qtype != QT.F16 else w)
+
+
 def _meta_param(p: torch.nn.Parameter) -> torch.nn.Parameter:
     """Shape-only stand-in for a weight held by a packed op (parameter counts stay right)."""
     return torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
@@ -323,14 +360,12 @@ def load_packed_gguf(
     missing += sorted(set(small) - seen)
     if embed is None or missing or pending:
         raise KeyError(f"weights missing from the checkpoint, e.g. {(missing or ['embed_tokens.weight'])[:6]}")
-    if embed.qtype == QT.Q8_0:
-        q, s = decode_q8_0(embed.data, embed.shape[1])
-        model.embed_op = Q8Embedding(q, s, dtype)
-    else:
-        model.embed_op = DenseEmbedding(torch.from_numpy(embed.dense()).to(torch.bfloat16))
-    # The head: bf16 oneDNN at every form (see the module docstring).
+    model.embed_op = _table(embed, dtype)
+    # The head: bf16 oneDNN at every form (see the module docstring), its top candidates
+    # refined in fp32 from the exact rows: the embedding table when tied, else a table of
+    # the head's own (the file's form again: Q8_0 stays 1 byte per weight).
     head_w = torch.from_numpy((head or embed).dense())
-    model.head_op = Bf16Linear(head_w, None)
+    model.head_op = RefinedHead(Bf16Linear(head_w, None), model.embed_op if head is None else _table(head, dtype))
     del head_w
     model.embed_tokens = _meta_param(model.embed_tokens)
     model.lm_head = model.embed_tokens if c.tie_word_embeddings else _meta_param(model.lm_head)

@@ -107,3 +107,22 @@ def test_packed_forms_match_float32(tmp_path: Path, family: str, kwargs: dict, q
         assert rel_err(got, want) < TOL_BF16, form
         # random tiny models have near-ties among their logits: most, not all, argmaxes agree
         assert (got.argmax(-1) == want.argmax(-1)).double().mean() >= 0.8, form
+
+
+def test_refined_head_is_exact_at_the_top() -> None:
+    """The head's bf16 logits, with each row's top candidates recomputed in fp32 from the
+    exact Q8_0 rows: those equal the fp32 logits (up to summation order)."""
+    from ignis.model.packed import Q8Embedding, RefinedHead
+
+    raw = _random_blocks(np.random.default_rng(3), 300, 64, Q.Q8_0)
+    q, s = decode_q8_0(raw, 64)
+    table = Q8Embedding(q, s, torch.float32)
+    dense = table.dense()
+    head = RefinedHead(Bf16Linear(dense, None), table, top=5)
+    x = torch.randn(3, 64)
+    got = head(x)
+    want = x @ dense.t()
+    top = got.topk(5, dim=-1).indices
+    assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert rel_err(got, want) < 2e-2  # the rest: bf16's error
