@@ -65,7 +65,7 @@ def main() -> None:
     ref = text_logits(ref_loaded, ids, args.chunk)
     ref_ppl = perplexity(ref, ids)
     print(f"{len(ids)} tokens, chunks of {args.chunk}")
-    print(f"| weight form | perplexity | vs float32 | max logit err (rel) | argmax agrees | load s |")
+    print("| weight form | perplexity | vs float32 | max logit err (rel) | argmax agrees | load s |")
     print("|---|---:|---:|---:|---:|---:|")
     for form in args.forms:
         start = time.perf_counter()

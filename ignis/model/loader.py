@@ -117,9 +117,8 @@ def load_model(
     file, the device and max_num_seqs, the engine batch it will serve)."""
     # Imported here so the forward can be used (and tested) without the text side.
     from ignis.model.chat_template import ChatTemplate
-    from ignis.model.tokenizer import Tokenizer
-
     from ignis.model.packed import resolve_weight_form
+    from ignis.model.tokenizer import Tokenizer
 
     if kind == "scripted":
         return _load_scripted(script, resolve_device(device), name)

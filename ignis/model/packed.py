@@ -105,7 +105,7 @@ class Int4Linear(PackedLinear):
     form = "int4"
 
     def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, bias: torch.Tensor | None) -> None:
-        n, k = q.shape
+        k = q.shape[1]
         self.in_features = k
         # The packing op takes int32 values in [0, 16); the scales go [K/32, N, 2].
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)

@@ -15,7 +15,12 @@ import torch
 import triton
 
 from kernels.wo_matmul import WoTileConfig, wo_matmul, wo_matmul_triton
-from kernels.wo_matmul_ref import dequantize_weight, pack_int4, unpack_int4, wo_matmul_ref
+from kernels.wo_matmul_ref import (
+    dequantize_weight,
+    pack_int4,
+    unpack_int4,
+    wo_matmul_ref,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
