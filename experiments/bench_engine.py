@@ -5,6 +5,7 @@
     .venv/bin/python experiments/bench_engine.py --record experiments/RESULTS.md
     .venv/bin/python experiments/bench_engine.py --profile 64         # top ops of one decode step
     .venv/bin/python experiments/bench_engine.py --temperature 1      # sampled (OpenAI's defaults), not greedy
+    .venv/bin/python experiments/bench_engine.py --no-hf --weight-forms float32 bfloat16 quantized  # alternated
     .venv/bin/python -m pytest experiments/bench_engine.py --benchmark-only -q   # per-step timings
 
 N distinct chat prompts (~40 tokens) are submitted together and decoded greedily for
@@ -53,6 +54,7 @@ class Run:
     e2e_tps: float
     prefill_s: float
     step_ms: float  # mean decode step
+    form: str = "float32"  # the model's weight form (ignis/model/packed.py)
 
 
 def best_of(runs: list[Run]) -> Run:
@@ -87,7 +89,8 @@ def run_ignis(loaded, prompts: list[list[int]], max_tokens: int, temperature: fl
             steps += 1
     end = time.perf_counter()
     decode_time = end - first_all
-    return Run(n, n * (max_tokens - 1) / decode_time, total / (end - start), first_all - start, decode_time / max(steps, 1) * 1e3)
+    return Run(n, n * (max_tokens - 1) / decode_time, total / (end - start), first_all - start,
+               decode_time / max(steps, 1) * 1e3, getattr(loaded.model, "weight_form", "float32"))
 
 
 def load_hf():
@@ -127,13 +130,13 @@ def run_hf(hf, prompts: list[list[int]], max_tokens: int, pad_id: int, temperatu
 
 def table(ignis_runs: list[Run], hf_runs: dict[int, Run]) -> str:
     lines = [
-        "| concurrent | ignis decode tok/s | ignis end-to-end tok/s | ignis decode step | transformers decode tok/s | ignis / transformers |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| concurrent | weights | ignis decode tok/s | ignis end-to-end tok/s | ignis decode step | transformers decode tok/s | ignis / transformers |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in ignis_runs:
         h = hf_runs.get(r.concurrency)
         lines.append(
-            f"| {r.concurrency} | {r.decode_tps:.1f} | {r.e2e_tps:.1f} | {r.step_ms:.1f} ms | "
+            f"| {r.concurrency} | {r.form} | {r.decode_tps:.1f} | {r.e2e_tps:.1f} | {r.step_ms:.1f} ms | "
             + (f"{h.decode_tps:.1f} | {r.decode_tps / h.decode_tps:.2f}x |" if h else "- | - |")
         )
     return "\n".join(lines)
@@ -176,6 +179,8 @@ def main() -> None:
                     help="0 = greedy (default); else sampled at this temperature, top_p 1, no top_k (OpenAI's defaults)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per configuration; the fastest counts")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--weight-forms", nargs="+", default=["float32"],
+                    help="model.weight_form values to compare, alternated run by run (auto: per concurrency)")
     ap.add_argument("--hf-concurrency", type=int, nargs="*", default=None, help="default: same as --concurrency")
     ap.add_argument("--record", type=Path, default=None, help="prepend the table to this RESULTS.md")
     ap.add_argument("--machine", default=None, help="machine description for --record")
@@ -185,9 +190,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from ignis.model import load_model
 
-    loaded = load_model(progress=False)
+    models = {
+        form: load_model(progress=False, weight_form=form, max_num_seqs=min(args.concurrency))
+        for form in args.weight_forms if form != "auto"
+    }
+    if "auto" in args.weight_forms:  # what `auto` picks at each concurrency
+        for n in args.concurrency:
+            loaded = load_model(progress=False, weight_form="auto", max_num_seqs=n)
+            models.setdefault(loaded.model.weight_form, loaded)
+    loaded = next(iter(models.values()))
     if args.profile:
-        profile_step(loaded, args.profile)
+        for form, m in models.items():
+            print(f"-- {form}")
+            profile_step(m, args.profile)
         return
     all_prompts = prompts_for(loaded, max(args.concurrency))
     hf = None if args.no_hf else load_hf()
@@ -197,13 +212,16 @@ def main() -> None:
     hf_runs: dict[int, Run] = {}
     for n in args.concurrency:
         # ignis and transformers take turns, so that both meet the same machine.
-        mine, theirs = [], []
+        theirs: list[Run] = []
+        mine = {form: [] for form in models}
         for _ in range(args.repeat):
-            mine.append(run_ignis(loaded, all_prompts[:n], args.max_tokens, args.temperature))
+            for form, m in models.items():
+                mine[form].append(run_ignis(m, all_prompts[:n], args.max_tokens, args.temperature))
             if hf is not None and n in hf_ns:
                 theirs.append(run_hf(hf, all_prompts[:n], args.max_tokens, pad, args.temperature))
-        runs.append(best_of(mine))
-        print(f"ignis {n:>3} concurrent: {runs[-1].decode_tps:.1f} decode tok/s", file=sys.stderr)
+        for form in models:
+            runs.append(best_of(mine[form]))
+            print(f"ignis {n:>3} concurrent, {form}: {runs[-1].decode_tps:.1f} decode tok/s", file=sys.stderr)
         if theirs:
             hf_runs[n] = best_of(theirs)
             print(f"transformers {n:>3} concurrent: {hf_runs[n].decode_tps:.1f} decode tok/s", file=sys.stderr)

@@ -35,6 +35,13 @@ class DType(str, Enum):
     float16 = "float16"
 
 
+class WeightForm(str, Enum):
+    auto = "auto"  # CPU + GGUF: quantized for max_num_seqs <= 4, else bfloat16; elsewhere float32
+    float32 = "float32"  # dequantize every weight (model.dtype decides on CUDA)
+    bfloat16 = "bfloat16"  # CPU: oneDNN-packed bf16 GEMMs, bf16 activations
+    quantized = "quantized"  # CPU: the GGUF's 4-bit blocks as int4 GEMMs, other types int8
+
+
 class KernelBackend(str, Enum):
     auto = "auto"  # Triton on CUDA, the PyTorch references elsewhere
     triton = "triton"
@@ -71,6 +78,9 @@ class ModelConfig:
     dtype: DType = DType.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    # How GGUF weights are held on the CPU (ignis/model/packed.py); auto keeps the file's
+    # quantization for a one-user engine (engine.max_num_seqs <= 4), bf16 when it batches.
+    weight_form: WeightForm = WeightForm.auto
 
     def missing(self) -> str | None:
         """The key this format needs and lacks. (A group file's ``???`` does not survive the
@@ -91,7 +101,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     # KV-cache size: an explicit block count wins; else kv_cache_gib of memory; else
-    # auto (CUDA: 90% of the memory left after the weights; CPU: min(2 GiB, 20% of RAM)).
+    # auto (CUDA: 90% of the memory left after the weights; CPU: max_num_seqs sequences
+    # at max_model_len, at most 25% of free RAM, resident only as blocks fill).
     num_kv_blocks: int | None = None
     kv_cache_gib: float | None = None
     enable_prefix_caching: bool = True

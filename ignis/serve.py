@@ -33,7 +33,7 @@ def run(cfg: IgnisConfig) -> int:
     from ignis.server.websocket_protocol import IgnisWebSocketProtocol
 
     kernels.set_backend(cfg.engine.kernel_backend.value)
-    loaded = load_model_from_config(cfg.model)
+    loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs)
     engine = AsyncEngine(loaded, cfg.engine)
     app = create_app(cfg, loaded, engine)
     log.info("serving %s on http://%s:%d (OpenAI base_url http://%s:%d/v1)", loaded.name, cfg.server.host,

@@ -58,6 +58,7 @@ def pack_linear_weights(model: Transformer, batch_hint: int = BATCH_HINT) -> Lin
     Packing is done once per model: later engines over the same model reuse it."""
     if (
         not isinstance(model, Transformer)  # e.g. the scripted model: no weights
+        or getattr(model, "weight_form", "float32") != "float32"  # packed at load (ignis/model/packed.py)
         or model.device.type != "cpu"
         or model.dtype != torch.float32
         or not torch.backends.mkldnn.is_available()
@@ -83,6 +84,8 @@ def pack_linear_weights(model: Transformer, batch_hint: int = BATCH_HINT) -> Lin
 
 
 def unpack_linear_weights(model: Transformer) -> None:
+    if getattr(model, "weight_form", "float32") != "float32":
+        return  # packed weight forms (ignis/model/packed.py): the ops are the only weights
     for m in model.modules():
         if isinstance(m, Linear):
             m.linear_op = None

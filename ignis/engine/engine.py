@@ -39,6 +39,8 @@ from ignis.model.loader import LoadedModel
 log = logging.getLogger(__name__)
 
 _GIB = 1 << 30
+# CPU KV cache: at most this fraction of the memory free at start-up.
+CPU_KV_MEMORY_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,25 @@ def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
         free, _ = torch.cuda.mem_get_info(loaded.device)
         budget = 0.9 * free - 0.5 * _GIB  # headroom for activations and the sampler
     else:
+        # CPU: what max_num_seqs sequences at full length need (the cap below), unless that
+        # exceeds a quarter of the memory free now. Pages are touched as blocks fill
+        # (allocate_kv_caches), so an idle server's resident memory stays small either way.
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        budget = min(2 * _GIB, 0.2 * available)
+        budget = CPU_KV_MEMORY_FRACTION * available
     # More blocks than every sequence at full length can hold only feed the prefix cache;
     # the cap matters for tiny-KV models (the scripted one), whose budget would be millions.
     model_len = cfg.max_model_len or loaded.config.max_position_embeddings
     cap = cfg.max_num_seqs * -(-model_len // cfg.block_size)
-    return max(1, min(cap, int(budget // per_block)))
+    blocks = max(1, min(cap, int(budget // per_block)))
+    log.info(
+        "KV cache: %d blocks (%.2f GiB): %s (max_num_seqs %d x %d tokens = %d blocks; budget %.2f GiB%s)",
+        blocks, blocks * per_block / _GIB,
+        "every sequence at full length" if blocks == cap else "the memory budget",
+        cfg.max_num_seqs, model_len, cap, budget / _GIB,
+        ", engine.kv_cache_gib" if cfg.kv_cache_gib is not None else
+        (", 90% of free GPU memory" if loaded.device.type == "cuda" else f", {CPU_KV_MEMORY_FRACTION:.0%} of free RAM"),
+    )
+    return blocks
 
 
 class LLMEngine:

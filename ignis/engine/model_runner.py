@@ -26,6 +26,7 @@ from ignis.engine.sequence import Sequence
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.transformer import Transformer
+from kernels.attention_cpu_prefill import CpuAttention
 from kernels.sampling import SamplingTensors, logprob_distribution, sample
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,28 @@ class _PenaltyIds:
             self.output[self.n : total] = seq.token_ids[seq.num_prompt_tokens + self.n :]
             self.n = total
         return self.prompt, self.output[: self.n]
+
+
+class _CpuKvWriter:
+    """kernels.write_kv for the CPU runner: the runner's slots are all valid (it never
+    pads), so each layer's write is one index_copy_ per cache over the flat rows, instead
+    of the reference's mask, split and two-index scatter per layer."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slot_mapping: torch.Tensor) -> None:
+        self.slots = slot_mapping
+
+    def __call__(
+        self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor, backend: object = None,
+    ) -> None:
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            kernels.write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+            return
+        rows = k_cache.shape[0] * k_cache.shape[1]
+        k_cache.view(rows, *k_cache.shape[2:]).index_copy_(0, self.slots, key.to(k_cache.dtype))
+        v_cache.view(rows, *v_cache.shape[2:]).index_copy_(0, self.slots, value.to(v_cache.dtype))
 
 
 # A row's most likely tokens: (token id, logprob), logprob descending.
@@ -195,8 +218,9 @@ class ModelRunner:
             max_seq_len=int(seq_lens.max()),
         )
         if self.use_cpu_attention:
+            meta.write_kv_op = _CpuKvWriter(meta.slot_mapping)
             num_decodes = int(np.count_nonzero(q_lens == 1))
-            meta.attention_op = kernels.BatchedCpuAttention(
+            meta.attention_op = CpuAttention(
                 meta.block_tables, meta.query_start_loc, meta.seq_lens,
                 num_decodes=num_decodes,
                 decode_max_seq_len=int(seq_lens[:num_decodes].max()) if num_decodes else 0,

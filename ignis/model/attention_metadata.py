@@ -24,6 +24,9 @@ class AttentionMetadata:
     # A stand-in for kernels.paged_attention (same signature) chosen per step by the
     # engine's runner, e.g. its batched CPU path; None = kernels.paged_attention.
     attention_op: Callable[..., torch.Tensor] | None = None
+    # A stand-in for kernels.write_kv (same signature), e.g. the runner's CPU writer that
+    # prepares its index once per step rather than once per layer; None = kernels.write_kv.
+    write_kv_op: Callable[..., None] | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -29,6 +29,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 == self.weight.dtype:
+            # The same arithmetic in one fused op (half the time of the five below at one row).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in fp32 and cast back before the weight, exactly as transformers does.
         dtype = x.dtype
         h = x.float()
@@ -118,7 +121,7 @@ class Attention(nn.Module):
         qk = apply_rotary(qk, *rope)  # q and k rotated together: one set of elementwise ops
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         k_cache, v_cache = kv_cache
-        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        (meta.write_kv_op or kernels.write_kv)(k, v, k_cache, v_cache, meta.slot_mapping)
         o = (meta.attention_op or kernels.paged_attention)(
             q,
             k_cache,

@@ -14,7 +14,7 @@ unfused names and copies each tensor into its slice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -76,10 +76,15 @@ class Transformer(nn.Module):
             if config.tie_word_embeddings
             else empty_param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         )
+        # Packed weight forms (ignis/model/packed.py) replace the embedding lookup and the
+        # head's GEMM with ops over their own compact tensors; None = the plain tensors.
+        self.embed_op: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.head_op: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.weight_form = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.device
+        return self.norm.weight.device  # the embedding may be shape-only (packed forms)
 
     def forward(
         self,
@@ -88,7 +93,7 @@ class Transformer(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = F.embedding(input_ids, self.embed_tokens) if self.embed_op is None else self.embed_op(input_ids)
         rope = self.rotary(positions)  # one table lookup shared by every layer
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, rope, kv_cache, meta)
@@ -98,6 +103,8 @@ class Transformer(nn.Module):
         """fp32 logits [N, vocab] at rows `indices` of `hidden` (all rows when None)."""
         if indices is not None:
             hidden = hidden[indices]
+        if self.head_op is not None:
+            return self.head_op(hidden).float()
         return F.linear(hidden, self.lm_head).float()
 
     # -- loading -----------------------------------------------------------------

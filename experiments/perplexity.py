@@ -1,0 +1,86 @@
+"""Perplexity of the embedded SmolLM2 GGUF on a fixed text, per weight form.
+
+    .venv/bin/python experiments/perplexity.py                       # float32, bfloat16, quantized
+    .venv/bin/python experiments/perplexity.py --forms quantized --path model.gguf
+
+The text (experiments/perplexity_text.txt, ~1k tokens, checked in so the numbers stay
+comparable) is fed in chunks of --chunk tokens through the paged forward (each chunk
+attends to the cached ones before it), and the mean negative log-likelihood of every
+next token gives the perplexity. Each form is compared with float32 (the file's values
+dequantized, fp32 activations): the perplexity ratio, the largest logit error relative
+to float32's largest logit, and how often the argmax agrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from ignis.model.attention_metadata import AttentionMetadata
+from ignis.model.kv_cache import allocate_kv_caches
+from ignis.model.loader import load_model
+
+TEXT = Path(__file__).with_name("perplexity_text.txt")
+
+
+@torch.inference_mode()
+def text_logits(loaded, ids: list[int], chunk: int) -> torch.Tensor:
+    """fp32 logits [len(ids), vocab] of one sequence fed `chunk` tokens per forward."""
+    model = loaded.model
+    bs = 16
+    n_blocks = -(-len(ids) // bs)
+    caches = allocate_kv_caches(model.config, n_blocks, bs, dtype=model.dtype, device=model.device)
+    table = [list(range(n_blocks))]
+    out = []
+    for start in range(0, len(ids), chunk):
+        piece = ids[start : start + chunk]
+        meta, positions = AttentionMetadata.build(
+            query_lens=[len(piece)], seq_lens=[start + len(piece)], block_tables=table, block_size=bs,
+            device=model.device,
+        )
+        hidden = model(torch.tensor(piece), positions, caches, meta)
+        out.append(model.compute_logits(hidden))
+    return torch.cat(out)
+
+
+def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+    target = torch.tensor(ids[1:])
+    nll = torch.nn.functional.cross_entropy(logits[:-1].double(), target, reduction="mean")
+    return math.exp(nll.item())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--path", default=None, help="a GGUF file (default: the embedded SmolLM2)")
+    ap.add_argument("--forms", nargs="+", default=["float32", "bfloat16", "quantized"])
+    ap.add_argument("--chunk", type=int, default=256)
+    args = ap.parse_args()
+
+    ref_loaded = load_model(args.path, progress=False, weight_form="float32")
+    ids = ref_loaded.tokenizer.encode(TEXT.read_text())
+    ref = text_logits(ref_loaded, ids, args.chunk)
+    ref_ppl = perplexity(ref, ids)
+    print(f"{len(ids)} tokens, chunks of {args.chunk}")
+    print("| weight form | perplexity | vs float32 | max logit err (rel) | argmax agrees | load s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for form in args.forms:
+        start = time.perf_counter()
+        if form == "float32":
+            logits, load_s = ref, float("nan")
+        else:
+            loaded = load_model(args.path, progress=False, weight_form=form)
+            load_s = time.perf_counter() - start
+            logits = text_logits(loaded, ids, args.chunk)
+            del loaded
+        ppl = perplexity(logits, ids)
+        err = ((logits - ref).abs().max() / ref.abs().max()).item()
+        agree = (logits.argmax(-1) == ref.argmax(-1)).double().mean().item()
+        print(f"| {form} | {ppl:.3f} | {ppl / ref_ppl:.4f}x | {err:.4f} | {agree:.1%} | {load_s:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

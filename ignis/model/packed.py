@@ -1,0 +1,379 @@
+"""Compact CPU weight forms, built once at load: the GEMM's own layout is the only copy.
+
+Forms (`model.weight_form`):
+  float32    every tensor dequantized to fp32 (the engine adds oneDNN-packed copies,
+             see ignis/engine/cpu_weights.py): the reference, and HF checkpoints' default.
+  bfloat16   projections and LM head as oneDNN-packed bf16 (AVX512-BF16 GEMMs).
+  quantized  the file's quantization kept: 4-bit blocks (Q4_0, Q4_1, Q4_K) become torch's
+             int4 weight-only GEMM with one (scale, zero) per 32 inputs, exactly the file's
+             values; other types (Q8_0, Q5_x, Q6_K, f16, ...) become int8 with one scale per
+             output row (requantized: a small loss, measured in RESULTS.md). The LM head is
+             bf16 oneDNN-packed (int8's GEMM is 10x slower than bf16's from 16 rows, and
+             the head runs at every sampling row), each row's top candidates then
+             recomputed in fp32 from exact rows (RefinedHead: a bf16 head flips near-ties).
+Activations (and the KV cache) stay fp32: each GEMM casts its input to bf16 and its
+output back (torch's CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32
+at decode sizes, measured; the casts cost ~2 us per GEMM). The embedding table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
+dequantized row by row as tokens are looked up. A tied head is therefore the only tensor
+held twice, in two forms (the table for lookups, the packed head for the GEMM).
+
+Why these kernels, measured on the 2-core Zen 5 machine (experiments/bench_cpu_linear.py,
+RESULTS.md 2026-12-01): with bf16 activations, torch's int4 and int8 weight-only GEMMs
+match oneDNN bf16 at one row (SmolLM2's per-layer GEMMs: 129 vs 136 us), but are 1.7-2.6x
+slower from 16 rows; with fp32 activations they fall back to a scalar loop (20-500x slower).
+So `auto` keeps the file's quantization where the engine mostly runs one row (a one-user
+engine, max_num_seqs <= 4) and packs bf16 where it batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import gguf
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
+
+from ignis.model.config import ModelConfig
+from ignis.model.gguf_loader import ignis_name, unpermute_rope_rows
+from ignis.model.gguf_quant import GROUP, INT4_TYPES, decode_int4, decode_q8_0
+from ignis.model.layers import Linear
+from ignis.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+WeightForm = Literal["auto", "float32", "bfloat16", "quantized"]
+WEIGHT_FORMS = ("auto", "float32", "bfloat16", "quantized")
+# The largest engine batch (max_num_seqs) for which `auto` keeps a file's quantization.
+ONE_USER_MAX_SEQS = 4
+# oneDNN's blocked layout is chosen for this many rows; see cpu_weights.BATCH_HINT.
+_BATCH_HINT = 64
+
+
+def resolve_weight_form(form: str, *, kind: str, device: torch.device, max_num_seqs: int | None) -> str:
+    """`auto` -> a concrete form: on the CPU, a GGUF keeps its quantization for a one-user
+    engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is packed bf16 otherwise; HF
+    checkpoints and CUDA keep float32 (the model's dtype decides as before)."""
+    if form not in WEIGHT_FORMS:
+        raise ValueError(f"unknown weight form {form!r}; expected one of {WEIGHT_FORMS}")
+    if form != "auto":
+        if form != "float32" and device.type != "cpu":
+            raise ValueError(f"weight form {form!r} is a CPU form; use float32 (and model.dtype) on {device}")
+        return form
+    if device.type != "cpu" or kind != "gguf":
+        return "float32"
+    return "quantized" if (max_num_seqs or 64) <= ONE_USER_MAX_SEQS else "bfloat16"
+
+
+# -- GEMM ops ---------------------------------------------------------------------------
+
+
+class PackedLinear:
+    """y = x W^T (+ b) over a packed W: x [T, K] fp32 (or bf16), y [T, N] fp32; the
+    GEMM itself runs on bf16 activations (`_mm`)."""
+
+    form = ""
+    nbytes = 0
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._mm(x.to(torch.bfloat16)).float()
+        return y if self.bias is None else y + self.bias
+
+    def dense(self) -> torch.Tensor:
+        """W as fp32 [N, K] (tests and accuracy checks; computed through the op itself)."""
+        k = self.in_features
+        eye = torch.eye(k, dtype=torch.bfloat16)
+        bias, self.bias = self.bias, None
+        try:
+            return self(eye).float().t().contiguous()
+        finally:
+            self.bias = bias
+
+    bias: torch.Tensor | None = None
+    in_features = 0
+
+
+class Int4Linear(PackedLinear):
+    """torch's CPU int4 weight-only GEMM (group 32): bf16 in, bf16 out."""
+
+    form = "int4"
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, bias: torch.Tensor | None) -> None:
+        k = q.shape[1]
+        self.in_features = k
+        # The packing op takes int32 values in [0, 16); the scales go [K/32, N, 2].
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
+        sz = np.stack((scale.T, zero.T), axis=-1)
+        self.scales_zeros = torch.from_numpy(np.ascontiguousarray(sz)).to(torch.bfloat16)
+        self.bias = bias
+        self.nbytes = self.packed.numel() + self.scales_zeros.numel() * 2
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
+
+
+class Int8Linear(PackedLinear):
+    """torch's CPU int8 weight-only GEMM, one scale per output row (absmax / 127)."""
+
+    form = "int8"
+
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+        w = w.float()
+        self.in_features = w.shape[1]
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        self.weight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.scale = scale.to(torch.bfloat16)
+        self.bias = bias
+        self.nbytes = self.weight.numel() + self.scale.numel() * 2
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
+
+
+class Bf16Linear(PackedLinear):
+    """oneDNN's bf16 GEMM over a weight reordered once into its blocked layout."""
+
+    form = "bf16"
+
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.in_features = w.shape[1]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16).contiguous(), _BATCH_HINT)
+        self.bias = bias
+        self.nbytes = w.numel() * 2
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+
+class RefinedHead:
+    """The LM head: bf16 GEMM logits for the whole vocabulary, then the top REFINE_TOP
+    candidates of each row recomputed in fp32 from the exact embedding rows.
+
+    bf16 rounding of the hidden state and of the head weights moves a logit by ~1% of the
+    largest: harmless on average (perplexity within 0.1%) but enough to flip a near-tie at
+    the top, and a 135M model's greedy answer with it ("What is the capital of France?":
+    "The capital of France is Paris." in fp32, "L'Etoile, la Marseillaise, ..." with a
+    bf16 head, measured). The candidates' exact logits cost a top-k and REFINE_TOP row
+    dots per row; greedy choices then match fp32 whenever fp32's best is among bf16's top."""
+
+    def __init__(self, gemm: Bf16Linear, rows: Callable[[torch.Tensor], torch.Tensor], top: int = 8) -> None:
+        self.gemm, self.rows, self.top = gemm, rows, top
+        self.nbytes = gemm.nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gemm(x)
+        if x.shape[0] == 0:
+            return logits
+        top = logits.topk(min(self.top, logits.shape[1]), dim=-1).indices  # [M, top]
+        w = self.rows(top.reshape(-1)).view(*top.shape, -1).float()  # [M, top, K]
+        exact = torch.bmm(w, x.float()[:, :, None])[..., 0]
+        return logits.scatter_(1, top, exact)
+
+
+class Q8Embedding:
+    """Token embedding from Q8_0 blocks: int8 values and one fp16 scale per 32, looked up
+    then dequantized (the rows of a step only)."""
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, dtype: torch.dtype) -> None:
+        self.q = torch.from_numpy(q)
+        self.scale = torch.from_numpy(scale)
+        self.dtype = dtype
+        self.nbytes = self.q.numel() + self.scale.numel() * 2
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        q = self.q.index_select(0, ids)
+        s = self.scale.index_select(0, ids).float()
+        t, k = q.shape
+        return (q.view(t, -1, GROUP).float() * s[..., None]).view(t, k).to(self.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return (self.q.view(self.q.shape[0], -1, GROUP).float() * self.scale.float()[..., None]).view(self.q.shape)
+
+
+class DenseEmbedding:
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self.nbytes = table.numel() * table.element_size()
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.table).float()
+
+    def dense(self) -> torch.Tensor:
+        return self.table.float()
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+class _Raw:
+    """One GGUF tensor as stored: raw block rows [N, row_bytes] (Q/K rows un-permuted)."""
+
+    def __init__(self, t: gguf.ReaderTensor, n_head: int | None) -> None:
+        self.qtype = t.tensor_type
+        self.shape = tuple(int(d) for d in reversed(t.shape))
+        data = np.asarray(t.data)
+        if len(self.shape) == 2:
+            data = data.reshape(self.shape[0], -1)
+            if n_head is not None:
+                data = unpermute_rope_rows(data, n_head)
+        self.data = data
+
+    def dense(self) -> np.ndarray:
+        if self.qtype == QT.F32:
+            return np.array(self.data, dtype=np.float32).reshape(self.shape)  # a copy: not the memmap
+        if self.qtype in INT4_TYPES:  # vectorised here: ~10x faster than the gguf package's
+            q, s, z = decode_int4(self.data, self.qtype, self.shape[1])
+            w = (q.reshape(self.shape[0], -1, GROUP).astype(np.float32) - 8) * s[..., None] + z[..., None]
+            return w.reshape(self.shape)
+        if self.qtype == QT.Q8_0:
+            q, s = decode_q8_0(self.data, self.shape[1])
+            w = q.reshape(self.shape[0], -1, GROUP).astype(np.float32) * s.astype(np.float32)[..., None]
+            return w.reshape(self.shape)
+        w = gguf.quants.dequantize(self.data, self.qtype)
+        return np.asarray(w, dtype=np.float32).reshape(self.shape)
+
+
+def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[str, _Raw]]:
+    permuted = reader.get_field("general.architecture").contents() == "llama"
+    for t in reader.tensors:
+        name = ignis_name(t.name)
+        if name is None:
+            continue
+        n_head = None
+        if permuted and name.endswith(".weight") and (".q_proj." in name or ".k_proj." in name):
+            n_head = config.num_heads if ".q_proj." in name else config.num_kv_heads
+        if permuted and name.endswith(".bias") and (".q_proj." in name or ".k_proj." in name):
+            raise NotImplementedError("permuted Q/K biases")  # llama GGUFs carry none
+        yield name, _Raw(t, n_head)
+
+
+def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, form: str) -> PackedLinear:
+    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight)."""
+    if form == "quantized" and all(p.qtype in INT4_TYPES for p in parts):
+        cols = parts[0].shape[1]
+        decoded = [decode_int4(p.data, p.qtype, cols) for p in parts]
+        q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
+        return Int4Linear(q, s, z, bias)
+    w = torch.from_numpy(np.concatenate([p.dense() for p in parts]))
+    return Int8Linear(w, bias) if form == "quantized" else Bf16Linear(w, bias)
+
+
+def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | DenseEmbedding:
+    """Row lookups in the file's form: Q8_0 as int8 + block scales (exact), else fp32 rows
+    (bf16 when the file holds them at 16 bits or fewer)."""
+    if raw.qtype == QT.Q8_0:
+        q, s = decode_q8_0(raw.data, raw.shape[1])
+        return Q8Embedding(q, s, dtype)
+    small = raw.qtype in (QT.F16, QT.BF16) or raw.qtype in INT4_TYPES
+    w = torch.from_numpy(raw.dense())
+    return DenseEmbedding(w.to(torch.bfloat16) if small and raw.qtype != QT.F16 else w)
+
+
+def _meta_param(p: torch.nn.Parameter) -> torch.nn.Parameter:
+    """Shape-only stand-in for a weight held by a packed op (parameter counts stay right)."""
+    return torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+
+
+def load_packed_gguf(
+    reader: gguf.GGUFReader, config: ModelConfig, form: str, progress: Callable[[Iterator], Iterator] | None = None
+) -> Transformer:
+    """The model with every projection as a packed op of `form` ("bfloat16" or "quantized"),
+    built straight from the file's blocks, one fused weight at a time; activations fp32."""
+    if form not in ("bfloat16", "quantized"):
+        raise ValueError(f"load_packed_gguf builds bfloat16 or quantized weights, not {form!r}")
+    dtype = torch.float32
+    model = Transformer(config, dtype=dtype, device="cpu")
+    # Fused GEMMs and the parts that fill them, in order.
+    c = config
+    fused: dict[str, tuple[Linear, list[str]]] = {}
+    for i, layer in enumerate(model.layers):
+        a, m = f"layers.{i}.self_attn", f"layers.{i}.mlp"
+        fused[f"{a}.qkv_proj"] = (layer.self_attn.qkv_proj, [f"{a}.{p}" for p in ("q_proj", "k_proj", "v_proj")])
+        fused[f"{a}.o_proj"] = (layer.self_attn.o_proj, [f"{a}.o_proj"])
+        fused[f"{m}.gate_up_proj"] = (layer.mlp.gate_up_proj, [f"{m}.{p}" for p in ("gate_proj", "up_proj")])
+        fused[f"{m}.down_proj"] = (layer.mlp.down_proj, [f"{m}.down_proj"])
+    part_of = {part: key for key, (_, parts) in fused.items() for part in parts}
+    pending: dict[str, dict[str, _Raw]] = {}
+    biases: dict[str, torch.Tensor] = {}
+    small = {n: p for n, p in model.named_parameters() if ".qkv_proj." not in n and ".gate_up_proj." not in n
+             and ".o_proj." not in n and ".down_proj." not in n and n not in ("embed_tokens", "lm_head")}
+    for key, (lin, _) in fused.items():
+        lin.weight = _meta_param(lin.weight)
+    embed: _Raw | None = None
+    head: _Raw | None = None
+    counts: dict[str, int] = {}
+    items: Iterator = _iter_raw(reader, config)
+    if progress is not None:
+        items = progress(items)
+    seen: set[str] = set()
+    with torch.no_grad():
+        for name, raw in items:
+            seen.add(name)
+            if name == "embed_tokens.weight":
+                embed = raw
+                continue
+            if name == "lm_head.weight":
+                if not c.tie_word_embeddings:
+                    head = raw
+                continue
+            base, _, kind = name.rpartition(".")
+            if kind == "bias" and base in part_of:
+                biases[name] = torch.from_numpy(raw.dense())
+                continue
+            if base in part_of:
+                key = part_of[base]
+                pending.setdefault(key, {})[base] = raw
+                lin, parts = fused[key]
+                if all(p in pending[key] for p in parts) and all(
+                    f"{p}.bias" in biases for p in parts if lin.bias is not None
+                ):
+                    bias = None
+                    if lin.bias is not None:
+                        bias = torch.cat([biases.pop(f"{p}.bias") for p in parts]).to(dtype)
+                        lin.bias = None  # the op adds it
+                    done = pending.pop(key)
+                    op = _build_linear([done[p] for p in parts], bias, form)
+                    lin.linear_op = op
+                    counts[op.form] = counts.get(op.form, 0) + 1
+                continue
+            target = small.get(name)
+            if target is None:
+                raise KeyError(f"unexpected weight {name!r} for a {c.family} model")
+            target.copy_(torch.from_numpy(raw.dense()).reshape(target.shape))
+    # Biases may come after their weights in the file: build what waited for them.
+    for key in list(pending):
+        lin, parts = fused[key]
+        if all(p in pending[key] for p in parts):
+            bias = torch.cat([biases.pop(f"{p}.bias") for p in parts]).to(dtype) if lin.bias is not None else None
+            lin.bias = None
+            done = pending.pop(key)
+            op = _build_linear([done[p] for p in parts], bias, form)
+            lin.linear_op = op
+            counts[op.form] = counts.get(op.form, 0) + 1
+    missing = [k for k, (lin, _) in fused.items() if lin.linear_op is None]
+    missing += sorted(set(small) - seen)
+    if embed is None or missing or pending:
+        raise KeyError(f"weights missing from the checkpoint, e.g. {(missing or ['embed_tokens.weight'])[:6]}")
+    model.embed_op = _table(embed, dtype)
+    # The head: bf16 oneDNN at every form (see the module docstring), its top candidates
+    # refined in fp32 from the exact rows: the embedding table when tied, else a table of
+    # the head's own (the file's form again: Q8_0 stays 1 byte per weight).
+    head_w = torch.from_numpy((head or embed).dense())
+    model.head_op = RefinedHead(Bf16Linear(head_w, None), model.embed_op if head is None else _table(head, dtype))
+    del head_w
+    model.embed_tokens = _meta_param(model.embed_tokens)
+    model.lm_head = model.embed_tokens if c.tie_word_embeddings else _meta_param(model.lm_head)
+    model.weight_form = form
+    total = sum(m.linear_op.nbytes for m in model.modules() if isinstance(m, Linear))
+    log.info(
+        "weights packed as %s: %s; projections %.1f MB, head %.1f MB, embedding %.1f MB",
+        form, ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
+        total / 1e6, model.head_op.nbytes / 1e6, model.embed_op.nbytes / 1e6,
+    )
+    return model.eval()

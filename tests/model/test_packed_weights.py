@@ -1,0 +1,128 @@
+"""Packed CPU weight forms (ignis/model/packed.py): the GGUF block decoders, each GEMM op
+against its dense weight, and whole tiny models against their float32 form.
+
+Tolerance, documented: bfloat16 and quantized round each GEMM's input (and bf16 weights,
+scales and outputs) to bf16, so logits differ from float32 by bf16 rounding through
+every layer, not by the weights (4-bit blocks are kept exactly). On SmolLM2 the largest logit error is ~2% of the largest
+logit with perplexity within 0.2% (experiments/perplexity.py, RESULTS.md 2026-12-01); the
+tiny random models here stay under TOL_BF16 of the largest logit and agree on most argmaxes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from paged_utils import flat_forward_logits, rel_err
+from tiny_models import build_tiny_gguf, build_tiny_model
+
+from ignis.model.gguf_quant import decode_int4, decode_q8_0
+from ignis.model.loader import load_model
+from ignis.model.packed import Bf16Linear, Int4Linear, Int8Linear, resolve_weight_form
+
+TOL_BF16 = 5e-2
+PROMPT = list(range(3, 40))
+
+
+def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:
+    """Valid random raw blocks: random bytes with finite fp16 scales where the type has them."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    halves = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q8_0: 1, Q.Q4_K: 2}[qtype]
+    scales = rng.uniform(-0.1, 0.1, (rows, cols // block, halves)).astype(np.float16)
+    raw[..., : 2 * halves] = scales.view(np.uint8).reshape(rows, cols // block, 2 * halves)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
+def test_int4_decoder_matches_gguf(qtype: Q) -> None:
+    raw = _random_blocks(np.random.default_rng(int(qtype)), 6, 512, qtype)
+    want = gguf.quants.dequantize(raw, qtype).reshape(6, 512)
+    q, s, z = decode_int4(raw, qtype, 512)
+    assert q.min() >= 0 and q.max() <= 15
+    got = (q.astype(np.float32) - 8) * np.repeat(s, 32, axis=1) + np.repeat(z, 32, axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_q8_decoder_matches_gguf() -> None:
+    raw = _random_blocks(np.random.default_rng(1), 5, 256, Q.Q8_0)
+    want = gguf.quants.dequantize(raw, Q.Q8_0).reshape(5, 256)
+    q, s = decode_q8_0(raw, 256)
+    np.testing.assert_array_equal(q.astype(np.float32) * np.repeat(s.astype(np.float32), 32, axis=1), want)
+
+
+def test_gemm_ops_match_their_weights() -> None:
+    rng = np.random.default_rng(2)
+    raw = _random_blocks(rng, 96, 128, Q.Q4_1)
+    q, s, z = decode_int4(raw, Q.Q4_1, 128)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_1).reshape(96, 128))
+    bias = torch.randn(96, dtype=torch.bfloat16)
+    x = torch.randn(5, 128).to(torch.bfloat16)
+    want = x.float() @ dense.t() + bias.float()
+    for op in (Int4Linear(q, s, z, bias), Int8Linear(dense, bias), Bf16Linear(dense, bias)):
+        got = op(x).float()
+        assert got.shape == (5, 96)
+        # bf16 output rounding (and int8's per-row requantization): ~1% of the largest value
+        assert rel_err(got, want) < 2e-2, op.form
+    # Int4 holds the file's values exactly (up to bf16 scales): its dense form is the weight.
+    assert rel_err(Int4Linear(q, s, z, None).dense(), dense) < 1e-2
+
+
+def test_resolve_weight_form() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_weight_form("auto", kind="gguf", device=cpu, max_num_seqs=1) == "quantized"
+    assert resolve_weight_form("auto", kind="gguf", device=cpu, max_num_seqs=64) == "bfloat16"
+    assert resolve_weight_form("auto", kind="hf", device=cpu, max_num_seqs=1) == "float32"
+    assert resolve_weight_form("auto", kind="gguf", device=cuda, max_num_seqs=1) == "float32"
+    with pytest.raises(ValueError):
+        resolve_weight_form("quantized", kind="gguf", device=cuda, max_num_seqs=1)
+    with pytest.raises(ValueError):
+        resolve_weight_form("int3", kind="gguf", device=cpu, max_num_seqs=1)
+
+
+@pytest.mark.parametrize(
+    "family, kwargs, qtypes",
+    [
+        # permuted Q/K rows in 4-bit blocks, Q5_0 MLP (-> int8), Q8_0 embedding, bf16 head
+        ("llama", dict(num_heads=4, num_kv_heads=2), {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q5_0, "output": Q.BF16}),
+        # q/k/v biases on a 4-bit GEMM, tied head over an F16 embedding
+        ("qwen2", dict(num_heads=4, num_kv_heads=1, tie_word_embeddings=True), {"embd": Q.F16, "attn": Q.Q4_0, "ffn": Q.Q8_0}),
+    ],
+)
+def test_packed_forms_match_float32(tmp_path: Path, family: str, kwargs: dict, qtypes: dict) -> None:
+    model_dir = build_tiny_model(tmp_path / family, family, intermediate_size=128, **kwargs)
+    path = str(build_tiny_gguf(model_dir, tmp_path / f"{family}.gguf", qtypes))
+    ref = load_model(path, progress=False, weight_form="float32")
+    want = flat_forward_logits(ref.model, [[PROMPT]])[0]
+    for form in ("bfloat16", "quantized"):
+        loaded = load_model(path, progress=False, weight_form=form)
+        assert loaded.model.weight_form == form and loaded.model.dtype == torch.float32
+        # chunked prefill then decode rows, through the same paged path the engine uses
+        got = flat_forward_logits(loaded.model, [[PROMPT[:20], PROMPT[20:30]] + [[t] for t in PROMPT[30:]]])[0]
+        assert got.shape == want.shape
+        assert rel_err(got, want) < TOL_BF16, form
+        # random tiny models have near-ties among their logits: most, not all, argmaxes agree
+        assert (got.argmax(-1) == want.argmax(-1)).double().mean() >= 0.8, form
+
+
+def test_refined_head_is_exact_at_the_top() -> None:
+    """The head's bf16 logits, with each row's top candidates recomputed in fp32 from the
+    exact Q8_0 rows: those equal the fp32 logits (up to summation order)."""
+    from ignis.model.packed import Q8Embedding, RefinedHead
+
+    raw = _random_blocks(np.random.default_rng(3), 300, 64, Q.Q8_0)
+    q, s = decode_q8_0(raw, 64)
+    table = Q8Embedding(q, s, torch.float32)
+    dense = table.dense()
+    head = RefinedHead(Bf16Linear(dense, None), table, top=5)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    top = head.gemm(x).topk(5, dim=-1).indices  # the candidates bf16 ranks first
+    got = head(x)
+    want = x @ dense.t()
+    assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(head.gemm(x).gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert rel_err(got, want) < 2e-2  # the rest: bf16's error
