@@ -126,7 +126,7 @@ def test_quick_start_as_written(tmp_path: Path):
         answer = json.loads(bash(with_port(first_request, port), env).stdout)
         assert answer["status"] == "completed", answer
         assert "Paris" in answer["output"][0]["content"][0]["text"], answer["output"]
-        assert (answer["temperature"], answer["top_p"], answer["max_output_tokens"]) == (0.2, 0.5, 512)
+        assert (answer["temperature"], answer["top_p"], answer["max_output_tokens"]) == (0.0, 1.0, 512)
 
         # Twenty more plain requests (no sampling fields): each completes under the cap.
         body = json.loads(re.search(r"-d '(\{.*\})'", first_request).group(1))
@@ -140,7 +140,7 @@ def test_quick_start_as_written(tmp_path: Path):
         assert all(status == "completed" and n < 512 for status, n in ended), ended
     finally:
         log = server.stop()
-    assert "sampling defaults: temperature=0.2 (model.sampling), top_p=0.5 (model.sampling)" in log, log[-3000:]
+    assert "sampling defaults: temperature=0 (model.sampling), top_p=1 (OpenAI), max_output_tokens=512 (model.sampling)" in log, log[-3000:]
     assert body["input"] not in log  # no prompt text in the logs
 
 

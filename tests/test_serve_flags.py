@@ -54,6 +54,6 @@ def test_the_command_line():
     job = _serve("--server-socket-idle-close", "5", "--server-stream-timeout=60", "--cfg", "job")
     assert job.returncode == 0, job.stderr
     assert "socket_idle_close: 5.0" in job.stdout and "stream_timeout: 60.0" in job.stdout
-    assert "name: smollm2-135m" in job.stdout and "temperature: 0.2" in job.stdout  # the embedded group
+    assert "name: smollm2-135m" in job.stdout and "temperature: 0.0" in job.stdout  # the embedded group
     bad = _serve("--server-socket-idle-clos", "5")
     assert bad.returncode == 2 and "did you mean --server-socket-idle-close" in bad.stderr
