@@ -104,17 +104,19 @@ _lock = threading.Lock()
 def ll_tokenizer(tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's view of `tokenizer` (ignis.model.tokenizer.Tokenizer) for logits
     `vocab_size` wide: built on first use (~0.2-0.4 s for 49k tokens), then cached per
-    tokenizer. The ids past the tokenizer's own (an embedding padded for speed) are
-    never allowed. EOS: every id that ends generation for the model."""
+    tokenizer. It knows the tokenizer's ids only: llguidance gives ids past them (an
+    embedding padded for speed) placeholder bytes and may allow them, so the runner
+    masks every id past the tokenizer's and past the logits. EOS: every id that ends
+    generation for the model."""
     with _lock:  # the server builds it in a worker thread while the engine may ask
         per = _tokenizers.get(tokenizer)
         if per is None:
             per = _tokenizers[tokenizer] = {}
         lt = per.get(vocab_size)
         if lt is None:
-            n = max(vocab_size, tokenizer.vocab_size)
             lt = per[vocab_size] = llguidance.LLTokenizer(
-                tokenizer.pipeline_json(), n_vocab=n, eos_token=sorted(tokenizer.eos_token_ids) or None
+                tokenizer.pipeline_json(), n_vocab=tokenizer.vocab_size,
+                eos_token=sorted(tokenizer.eos_token_ids) or None,
             )
         return lt
 
@@ -122,7 +124,7 @@ def ll_tokenizer(tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
 class GrammarState:
     """One sequence's matcher. Not thread-safe: the engine's thread alone uses it."""
 
-    __slots__ = ("grammar", "mask_words", "matcher", "num_tokens")
+    __slots__ = ("grammar", "mask_words", "matcher", "num_tokens", "vocab_size")
 
     def __init__(self, grammar: Grammar, tokenizer: llguidance.LLTokenizer) -> None:
         self.grammar = grammar
@@ -130,6 +132,7 @@ class GrammarState:
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
         self.num_tokens = 0  # tokens consumed: the output tokens so far
+        self.vocab_size = tokenizer.vocab_size  # ids llguidance knows
         self.mask_words = mask_words(tokenizer.vocab_size)  # the bitmask's width, as llguidance fills it
 
     def advance(self, token: int) -> str | None:

@@ -300,6 +300,12 @@ class ModelRunner:
             buf = self._grammar_masks = np.zeros((max(len(ks), buf.shape[0]), words), dtype=np.int32)
         masks = buf[: len(ks)]
         fill_masks(states, masks)  # type: ignore[arg-type]
+        # Only ids both the tokenizer and the logits have (see grammar.ll_tokenizer).
+        limit = min(logits.shape[1], min(s.vocab_size for s in states))  # type: ignore[union-attr]
+        if limit < words * 32:
+            word, bit = divmod(limit, 32)
+            masks[:, word] &= np.int32((1 << bit) - 1) if bit < 31 else np.int32(0x7FFFFFFF)
+            masks[:, word + 1 :] = 0
         failed: dict[int, str] = {}
         for r, k in enumerate(ks):
             c = rows[k].constraint
