@@ -59,7 +59,8 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str) -> Grammar:
-        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+        # Key order kept: llguidance (as OpenAI) writes properties in the schema's order.
+        text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
             compiled = llguidance.LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
         except (ValueError, TypeError) as exc:  # not a JSON object at all
