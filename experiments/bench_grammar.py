@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--masks-only", action="store_true", help="only the first table")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -123,6 +124,8 @@ def main() -> None:
     loaded = load_model(progress=False)
     print(f"torch threads {torch.get_num_threads()}, vocab {loaded.config.vocab_size}")
     print("\n".join(mask_table(loaded, args.rows, args.reps)))
+    if args.masks_only:
+        return
     print()
     print("\n".join(engine_table(loaded, args.rows, args.steps)))
 

@@ -66,3 +66,21 @@ def test_bad_arguments_are_refused() -> None:
         apply_token_bitmask_ref_(torch.zeros(1, 4), torch.zeros(1, 1, dtype=torch.int64), torch.tensor([0]))
     with pytest.raises(ValueError, match="rows"):
         apply_token_bitmask_cpu_(torch.zeros(1, 4), torch.zeros(2, 1, dtype=torch.int32), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_cpu_path_other_dtypes_and_strided(dtype: torch.dtype) -> None:
+    logits, mask, idx = _case(3, 70, 3, [2, 0], seed=11)
+    logits = logits.to(dtype)
+    want = logits.clone()
+    apply_token_bitmask_ref_(want, mask, idx)
+    got = logits.clone()
+    apply_token_bitmask_cpu_(got, mask, idx)
+    assert torch.equal(got, want)
+    wide = torch.zeros(3, 80, dtype=dtype)
+    wide[:, :70] = logits
+    view = wide[:, :70]  # every row masked, through a strided view
+    apply_token_bitmask_cpu_(view, torch.cat([mask, mask[:1]]), torch.tensor([0, 1, 2]))
+    full = logits.clone()
+    apply_token_bitmask_ref_(full, torch.cat([mask, mask[:1]]), torch.tensor([0, 1, 2]))
+    assert torch.equal(wide[:, :70], full) and torch.equal(wide[:, 70:], torch.zeros(3, 10, dtype=dtype))
