@@ -15,9 +15,14 @@ import triton
 import triton.language as tl
 
 from kernels.backend import Backend, use_triton
-from kernels.token_mask_ref import DEFAULT_FLOOR, apply_token_bitmask_cpu_, apply_token_bitmask_ref_, check_args
+from kernels.token_mask_ref import (
+    DEFAULT_FLOOR,
+    apply_token_bitmask_cpu_,
+    apply_token_bitmask_ref_,
+    check_args,
+)
 
-__all__ = ["apply_token_bitmask_", "apply_token_bitmask_ref_", "apply_token_bitmask_cpu_", "BLOCK_V"]
+__all__ = ["BLOCK_V", "apply_token_bitmask_", "apply_token_bitmask_cpu_", "apply_token_bitmask_ref_"]
 
 BLOCK_V = 2048  # tokens per program: 64 words of mask, 8 KiB of fp32 logits
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from protocol.checks import check_bool, check_object, check_str, path
 from protocol.errors import Refusal
 
-__all__ = ["TextFormat", "decode_text_format", "check_strict_schema", "UNSUPPORTED_STRICT_KEYWORDS"]
+__all__ = ["UNSUPPORTED_STRICT_KEYWORDS", "TextFormat", "check_strict_schema", "decode_text_format"]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 

@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.token_mask import BLOCK_V, apply_token_bitmask_, apply_token_bitmask_triton_
-from kernels.token_mask_ref import apply_token_bitmask_cpu_, apply_token_bitmask_ref_, unpack_bits_ref
+from kernels.token_mask import (
+    BLOCK_V,
+    apply_token_bitmask_,
+    apply_token_bitmask_triton_,
+)
+from kernels.token_mask_ref import (
+    apply_token_bitmask_cpu_,
+    apply_token_bitmask_ref_,
+    unpack_bits_ref,
+)
 
 
 def _case(B: int, V: int, words: int, rows: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
