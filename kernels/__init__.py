@@ -9,6 +9,8 @@ nothing of ignis. Public ops:
                   *, max_query_len=None, max_seq_len=None, num_splits=None)
   sample(logits, params: SamplingTensors, return_logprobs=False, inplace_penalties=False,
          backend=None)  -- see kernels.sampling
+  apply_token_bitmask_(logits, bitmask, rows, floor=-1e30, backend=None)
+         -- packed per-row token masks (grammars) applied in place (see kernels.token_mask)
   BatchedCpuAttention(block_tables, query_start_loc, seq_lens, *, num_decodes, ...)
          -- paged attention on the CPU with all decode rows in one SDPA per layer
          (see kernels.attention_cpu; the engine's CPU path)
@@ -23,6 +25,7 @@ from kernels.backend import Backend, get_backend, set_backend
 from kernels.kv_cache import write_kv
 from kernels.kv_cache_ref import write_kv_ref
 from kernels.sampling import SamplingTensors, sample, sample_ref
+from kernels.token_mask import apply_token_bitmask_, apply_token_bitmask_ref_
 
 __all__ = [
     "Backend",
@@ -36,4 +39,6 @@ __all__ = [
     "SamplingTensors",
     "sample",
     "sample_ref",
+    "apply_token_bitmask_",
+    "apply_token_bitmask_ref_",
 ]

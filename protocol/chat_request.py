@@ -18,8 +18,7 @@ invalid_type                   a value of the wrong JSON type
 invalid_value                  a value outside its enum or pattern; conversation-order errors
 empty_array / empty_string     ``messages: []``, ``content: []``, ``model: ""``, ...
 unsupported_value              a defined value ignis cannot honour: ``n`` > 1, image/audio/file
-                               parts, ``json_object``/``json_schema`` formats, non-function
-                               tools, non-empty ``logit_bias``, ``modalities: ["audio"]``,
+                               parts, non-function tools, non-empty ``logit_bias``, ``modalities: ["audio"]``,
                                the ``function`` role, ``allowed_tools``/custom tool choice
 unsupported_parameter          a defined parameter ignis cannot honour when not null:
                                ``audio``, ``prediction``, ``web_search_options``,
@@ -31,7 +30,7 @@ unsupported_parameter          a defined parameter ignis cannot honour when not 
 Accepted and ignored: ``user``, ``store``, ``metadata``, ``service_tier``,
 ``prompt_cache_key``, ``prompt_cache_retention``, ``prompt_cache_options``,
 ``safety_identifier``, ``verbosity``, ``stream_options.include_obfuscation``,
-``logit_bias: {}``, ``modalities: ["text"]``, ``response_format: {"type": "text"}``,
+``logit_bias: {}``, ``modalities: ["text"]``,
 ``parallel_tool_calls`` (kept on the request for the engine), ``annotations`` on
 an assistant message, ``name`` on any message.
 
@@ -72,6 +71,7 @@ from protocol.conversation import (
 )
 from protocol.errors import Refusal
 from protocol.sampling import CHAT_NAMES, EFFORTS, SamplingFields, extract_sampling
+from protocol.structured import TextFormat, check_strict_schema, decode_text_format
 
 __all__ = [
     "ChatRequest",
@@ -186,6 +186,8 @@ class ChatRequest:
     metadata: Mapping[str, str] | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
+    # ``response_format``: text, or JSON that the engine's grammar enforces (protocol.structured)
+    response_format: TextFormat = field(default_factory=TextFormat)
 
     @property
     def top_logprobs(self) -> int:
@@ -294,7 +296,7 @@ def _decode(body: Any) -> ChatRequest:
             code="invalid_value",
         )
 
-    _check_response_format(body.get("response_format"))
+    response_format = _decode_response_format(body.get("response_format"))
     _check_modalities(body.get("modalities"))
     _check_logit_bias(body.get("logit_bias"))
 
@@ -328,6 +330,7 @@ def _decode(body: Any) -> ChatRequest:
         metadata=metadata,
         prompt_cache_key=prompt_cache_key,
         service_tier=service_tier,
+        response_format=response_format,
     )
 
 
@@ -558,6 +561,9 @@ def _decode_tools(raw: Any) -> tuple[FunctionTool, ...]:
         strict = fn.get("strict")
         if strict is not None:
             strict = check_bool(strict, path(fp, "strict"))
+        if strict and parameters is not None:
+            check_strict_schema(parameters, owner=f"function '{name}'", param=path(fp, "parameters"),
+                                code="invalid_function_parameters")
         out.append(FunctionTool(name, description, parameters, strict))
     return tuple(out)
 
@@ -624,20 +630,10 @@ def _decode_stream_options(raw: Any, stream: bool) -> bool:
     return False if usage is None else check_bool(usage, "stream_options.include_usage")
 
 
-def _check_response_format(raw: Any) -> None:
+def _decode_response_format(raw: Any) -> TextFormat:
     if raw is None:
-        return
-    obj = check_object(raw, "response_format")
-    kind = require(obj, "type", "response_format")
-    if kind in ("json_object", "json_schema"):
-        raise Refusal(
-            f"Unsupported value: 'response_format.type' of '{kind}' is not supported by ignis"
-            " (no constrained decoding); use 'text'.",
-            param="response_format.type",
-            code="unsupported_value",
-        )
-    check_enum(kind, "response_format.type", ("text",))
-    check_known_keys(obj, "response_format", {"type"})
+        return TextFormat()
+    return decode_text_format(raw, "response_format", nested="json_schema")
 
 
 def _check_modalities(raw: Any) -> None:

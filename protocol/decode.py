@@ -14,7 +14,8 @@ Policy (what is accepted, ignored, refused):
 - Accepted and acted on: model, input, instructions, tools (function only),
   tool_choice, parallel_tool_calls, max_output_tokens, temperature, top_p,
   top_logprobs, reasoning (effort -> thinking, see `protocol.sampling`; summary is
-  echoed), text (format "text" only; verbosity echoed), stream, include,
+  echoed), text (format text, json_schema or json_object: see protocol.structured;
+  verbosity echoed), stream, include,
   truncation, and ignis's extensions top_k, min_p, repetition_penalty,
   presence_penalty, frequency_penalty, seed, stop, thinking.
 - Accepted, checked, changing nothing: store, metadata, user, prompt_cache_key,
@@ -33,8 +34,9 @@ Policy (what is accepted, ignored, refused):
   ignis does not implement, when set (``unsupported_parameter``: conversation,
   prompt, max_tool_calls, context_management, moderation, image,
   access_programs, background_options, prompt_cache_options); ``background:
-  true``; non-function tools (``tools[i].type``, ``unsupported_value``);
-  ``text.format`` other than text (``text.format.type``); input items and
+  true``; non-function tools (``tools[i].type``, ``unsupported_value``); a strict
+  schema (``text.format`` or a function tool with ``strict: true``) outside OpenAI's
+  strict subset (protocol.structured); input items and
   content parts that are not text (``input[i].type``,
   ``input[i].content[j].type``); wrong types, out-of-range values, missing
   required fields (``missing_required_parameter``); ``previous_response_id``
@@ -87,6 +89,7 @@ from protocol.request import (
     ToolChoice,
 )
 from protocol.sampling import RESPONSES_NAMES, extract_sampling
+from protocol.structured import TextFormat, check_strict_schema, decode_text_format
 
 __all__ = [
     "decode_json",
@@ -558,6 +561,8 @@ def _tool(obj: Any, param: str) -> FunctionTool:
         if props is not None:
             check_object(props, path(pparam, "properties"))
     strict = _opt_bool(obj, "strict", param)
+    if strict and params is not None:
+        check_strict_schema(params, owner=f"function '{name}'", param=pparam, code="invalid_function_parameters")
     return FunctionTool(name, params, description, strict)
 
 
@@ -667,26 +672,11 @@ def _text_config(value: Any) -> TextConfig:
     check_object(value, "text")
     _known(value, "text", frozenset({"format", "verbosity"}))
     fmt = value.get("format")
-    if fmt is not None:
-        check_object(fmt, "text.format")
-        t = _type_of(fmt, "text.format")
-        if t != "text":
-            if t in ("json_schema", "json_object"):
-                raise Refusal(
-                    f"Unsupported value: text.format '{t}' is not supported by ignis; only 'text' is.",
-                    param="text.format.type",
-                    code="unsupported_value",
-                )
-            raise Refusal(
-                f"Invalid value: '{t}'. Supported values are: 'text'.",
-                param="text.format.type",
-                code="invalid_value",
-            )
-        _known(fmt, "text.format", frozenset({"type"}))
+    text_format = TextFormat() if fmt is None else decode_text_format(fmt, "text.format")
     verbosity = value.get("verbosity")
     if verbosity is not None:
         verbosity = check_enum(verbosity, "text.verbosity", VERBOSITIES)
-    return TextConfig(verbosity)
+    return TextConfig(verbosity, text_format)
 
 
 def _include(value: Any) -> tuple[str, ...]:

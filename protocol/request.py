@@ -11,6 +11,7 @@ from typing import Any, Literal, Mapping
 
 from protocol.items import Item
 from protocol.sampling import SamplingFields
+from protocol.structured import TextFormat
 
 __all__ = [
     "FunctionTool",
@@ -81,12 +82,14 @@ class ReasoningConfig:
 
 @dataclass(frozen=True, slots=True)
 class TextConfig:
-    """Only plain-text output exists in ignis; `verbosity` is carried and echoed."""
+    """The output format (text, or JSON constrained by a grammar: protocol.structured),
+    echoed as sent; `verbosity` is carried and echoed."""
 
     verbosity: str | None = None
+    format: TextFormat = field(default_factory=TextFormat)
 
     def to_wire(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"format": {"type": "text"}}
+        d: dict[str, Any] = {"format": self.format.to_wire()}
         if self.verbosity is not None:
             d["verbosity"] = self.verbosity
         return d

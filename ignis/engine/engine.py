@@ -27,6 +27,7 @@ import kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.constraint import ConstraintState, token_index
+from ignis.engine.grammar import GrammarState, ll_tokenizer
 from ignis.engine.model_runner import ModelRunner, StepResult, TopLogprobs
 from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
 from ignis.engine.sampling_params import SamplingParams
@@ -180,6 +181,10 @@ class LLMEngine:
         constraint = None
         if params.constraint is not None and not prewarm:
             constraint = self._constraint_state(params)
+        grammar = None
+        if params.grammar is not None and not prewarm:
+            # Compiling a large schema takes a while (llguidance releases the GIL meanwhile).
+            grammar = GrammarState(params.grammar, ll_tokenizer(self.tokenizer, self.vocab_size))
         seq = Sequence(
             request_id,
             prompt,
@@ -191,6 +196,7 @@ class LLMEngine:
             deadline=deadline,
             stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids),
             constraint=constraint,
+            grammar=grammar,
         )
         self.seqs[request_id] = seq
         if deadline is not None:
@@ -289,17 +295,25 @@ class LLMEngine:
                 seq.constraint.advance(token)
                 if seq.constraint.done:
                     seq.constraint = None  # free from here on: no more work per step
+            grammar_error = seq.grammar.advance(token) if seq.grammar is not None else None
             if seq.params.logprobs:
                 seq.new_logprobs.append(logprobs[i])
             if seq.params.top_logprobs:
                 seq.new_top_logprobs.append((tops[i] if tops is not None else None) or [])
             publish(seq)
+            if grammar_error is not None:
+                outputs.append(self._finish(seq, FinishReason.ERROR, error=grammar_error))
+                continue
             try:
                 reason, stop_reason = self._check_stop(seq, token)
             except Exception as exc:
                 log.exception("request %s failed after sampling", seq.request_id)
                 outputs.append(self._finish(seq, FinishReason.ERROR, error=f"output processing failed: {exc!r}"))
                 continue
+            if seq.grammar is not None and reason in (None, FinishReason.LENGTH) and seq.grammar.finished:
+                # The grammar is complete and allows nothing more: the output ends here,
+                # as complete (also when this token reached max_tokens).
+                reason, stop_reason = FinishReason.STOP, None
             if reason is not None:
                 outputs.append(self._finish(seq, reason, stop_reason=stop_reason))
             else:
@@ -325,6 +339,7 @@ class LLMEngine:
         self, seq: Sequence, reason: FinishReason, *, stop_reason: str | int | None = None, error: str | None = None
     ) -> RequestOutput:
         self.scheduler.finish(seq)  # frees its blocks (publishing the computed ones)
+        seq.grammar = None  # the matcher's memory goes now, not with the last reference
         del self.seqs[seq.request_id]
         if seq.deadline is not None:
             self._num_deadlines -= 1

@@ -21,6 +21,7 @@ import torch
 import kernels
 from ignis.engine.constraint import TokenIndex
 from ignis.engine.cpu_weights import pack_linear_weights, unpack_linear_weights
+from ignis.engine.grammar import fill_masks
 from ignis.engine.scheduler import ScheduledBatch
 from ignis.engine.sequence import Sequence
 from ignis.model.attention_metadata import AttentionMetadata
@@ -28,6 +29,7 @@ from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.transformer import Transformer
 from kernels.attention_cpu_prefill import CpuAttention
 from kernels.sampling import SamplingTensors, logprob_distribution, sample
+from kernels.token_mask import apply_token_bitmask_
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +144,7 @@ class ModelRunner:
             and "attention_op" in AttentionMetadata.__dataclass_fields__
         )
         self._copied: torch.cuda.Event | None = None
+        self._grammar_masks = np.zeros((0, 0), dtype=np.int32)  # host bitmasks, grown on demand
         self._penalty_ids: weakref.WeakKeyDictionary[Sequence, _PenaltyIds] = weakref.WeakKeyDictionary()
         # Per token index (one per tokenizer): its ids in byte order, on the device.
         self._orders: weakref.WeakKeyDictionary[TokenIndex, torch.Tensor] = weakref.WeakKeyDictionary()
@@ -254,14 +257,15 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, rows: list[Sequence]) -> tuple[Sampled, dict[int, str]]:
         """Sample every row at once; if that raises, row by row so one bad row fails alone."""
+        failed = self._mask_grammar(logits, rows)  # in place, once (the retry reuses it)
         try:
-            return self._sample_rows(logits, rows), {}
+            return self._sample_rows(logits, rows), failed
         except Exception as exc:  # noqa: BLE001 - isolate the offending rows below
             log.warning("batched sampling failed (%s); retrying row by row", exc)
         out = Sampled([], None, None)
         lps: list[float] = []
         tops: list[TopLogprobs | None] = []
-        errors: dict[int, str] = {}
+        errors: dict[int, str] = dict(failed)
         for k, seq in enumerate(rows):
             try:
                 one = self._sample_rows(logits[k : k + 1], [seq])
@@ -269,7 +273,7 @@ class ModelRunner:
                 lps.append(one.logprobs[0] if one.logprobs is not None else float("nan"))
                 tops.append(one.top_logprobs[0] if one.top_logprobs is not None else None)
             except Exception as exc:  # noqa: BLE001
-                errors[k] = f"sampling failed: {exc}"
+                errors.setdefault(k, f"sampling failed: {exc}")
                 out.tokens.append(-1)
                 lps.append(float("nan"))
                 tops.append(None)
@@ -301,6 +305,53 @@ class ModelRunner:
             out[name] = torch.from_numpy(padded)
         return out
 
+    def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence]) -> dict[int, str]:
+        """Mask the rows that have an output grammar by their matchers' next-token bitmasks,
+        in place (kernels.token_mask: idempotent, so a retried step may see them again).
+        A forcing constraint on the same row (a thinking budget) is intersected into its
+        bitmask here, since two floors in a row would each lift what the other banned.
+
+        Returns the rows that cannot go on (nothing allowed: the grammar's error, or a
+        constraint the grammar contradicts): their message; they sample from an all-allowed
+        mask, harmlessly, and the engine fails them."""
+        ks = [k for k, s in enumerate(rows) if s.grammar is not None]
+        if not ks:
+            return {}
+        states = [rows[k].grammar for k in ks]
+        words = max(s.mask_words for s in states)  # type: ignore[union-attr]
+        buf = self._grammar_masks
+        if buf.shape[0] < len(ks) or buf.shape[1] != words:
+            buf = self._grammar_masks = np.zeros((max(len(ks), buf.shape[0]), words), dtype=np.int32)
+        masks = buf[: len(ks)]
+        fill_masks(states, masks)  # type: ignore[arg-type]
+        # Only ids both the tokenizer and the logits have (see grammar.ll_tokenizer).
+        limit = min(logits.shape[1], min(s.vocab_size for s in states))  # type: ignore[union-attr]
+        if limit < words * 32:
+            word, bit = divmod(limit, 32)
+            masks[:, word] &= np.int32((1 << bit) - 1) if bit < 31 else np.int32(0x7FFFFFFF)
+            masks[:, word + 1 :] = 0
+        failed: dict[int, str] = {}
+        for r, k in enumerate(ks):
+            c = rows[k].constraint
+            if c is not None and (allowed := c.allowed()) is not None:
+                ids = np.fromiter(allowed.id_set(c.index), dtype=np.int64)
+                keep = np.zeros(words * 32, dtype=bool)
+                keep[ids[ids < words * 32]] = True
+                masks[r] &= np.packbits(keep, bitorder="little").view(np.int32)
+            if not masks[r].any():
+                err = states[r].error()  # type: ignore[union-attr]
+                failed[k] = (
+                    f"the output grammar allows no token here: {err}" if err else
+                    "the output grammar allows no token here (nothing in the vocabulary can continue it"
+                    + (", within the thinking budget)" if c is not None else ")")
+                )
+                masks[r] = -1
+        dev = logits.device
+        bitmask = torch.from_numpy(masks).to(dev)
+        which = torch.tensor(ks, dtype=torch.int64).to(dev)
+        apply_token_bitmask_(logits, bitmask, which, _ALLOWED_FLOOR)
+        return failed
+
     def _mask_forced(self, logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
         """`logits` with every token a forcing constraint disallows at -inf, for the rows
         whose constraint is forcing (a copy: the caller's logits stay as they were, so the
@@ -312,8 +363,8 @@ class ModelRunner:
         forced = []
         for k, s in enumerate(rows):
             c = s.constraint
-            if c is not None and (allowed := c.allowed()) is not None:
-                forced.append((k, c.index, allowed))
+            if c is not None and s.grammar is None and (allowed := c.allowed()) is not None:
+                forced.append((k, c.index, allowed))  # (a grammar row: see _mask_grammar)
         if not forced:
             return logits
         dev = logits.device

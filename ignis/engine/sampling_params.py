@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ignis.engine.constraint import OutputConstraint
+from ignis.engine.grammar import Grammar
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default one
 
@@ -42,6 +43,9 @@ class SamplingParams:
     # The answer must begin with one of the constraint's texts (a required tool call);
     # see ignis/engine/constraint.py. None = free.
     constraint: OutputConstraint | None = None
+    # The whole output must match this grammar (JSON schema, Lark, regex); see
+    # ignis/engine/grammar.py. None = free.
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.top_logprobs, int) and self.top_logprobs > 0:
@@ -90,6 +94,16 @@ class SamplingParams:
             if not isinstance(self.constraint, OutputConstraint):
                 raise ValueError(f"constraint must be an OutputConstraint, got {type(self.constraint).__name__}")
             self.constraint.validate()
+        if self.grammar is not None:
+            if not isinstance(self.grammar, Grammar):
+                raise ValueError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
+            self.grammar.validate()
+            if self.stop:
+                raise ValueError("stop strings cannot be combined with a grammar: a stop string would cut the "
+                                 "grammar's text before it is complete")
+            if self.min_tokens:
+                raise ValueError("min_tokens cannot be combined with a grammar: the grammar decides where the "
+                                 "output ends")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")

@@ -13,6 +13,7 @@ import enum
 import time
 
 from ignis.engine.constraint import ConstraintState
+from ignis.engine.grammar import GrammarState
 from ignis.engine.outputs import FinishReason
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.stop import TextStream
@@ -38,6 +39,7 @@ class Sequence:
         prewarm: bool = False,
         deadline: float | None = None,
         constraint: ConstraintState | None = None,
+        grammar: GrammarState | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)  # prompt, then every sampled token
@@ -52,6 +54,9 @@ class Sequence:
         # A forced start still in progress (None once done, or when there is none). It
         # depends only on the output tokens, so a preempted sequence keeps it as it is.
         self.constraint = constraint
+        # The output grammar's matcher (None: unconstrained, or finished). Like the
+        # constraint it depends only on the output tokens, which a preemption keeps.
+        self.grammar = grammar
         self.arrival = time.monotonic()
         self.status = Status.WAITING
         self.num_computed_tokens = 0

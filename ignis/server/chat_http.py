@@ -26,7 +26,8 @@ from ignis.server.errors import json_response, refusal_response
 from ignis.server.http_turn import run_turn
 from ignis.server.sampling import engine_params
 from ignis.server.sse import SSE_DONE, chat_text
-from ignis.server.constraints import constrain_output
+from ignis.server.constraints import constrain_output, with_grammar
+from ignis.server.structured import output_grammar
 from protocol.chat_request import decode_chat_request_bytes
 from protocol.chat_response import ChatStream
 from protocol.errors import Refusal
@@ -45,9 +46,17 @@ def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
     prompt, constraint = constrain_output(prompt, req.tool_choice, req.tools, ctx.loaded.tokenizer,
                                           ctx.loaded.config.vocab_size, think_budget=req.sampling.thinking_budget,
                                           stop=req.sampling.stop or ())
+    index = {t.name: i for i, t in enumerate(req.tools)}
+    grammar = output_grammar(
+        prompt.parser, req.response_format, req.tools, req.tool_choice, req.sampling,
+        parallel=req.parallel_tool_calls, tokenizer=ctx.loaded.tokenizer, vocab_size=ctx.loaded.config.vocab_size,
+        format_param="response_format.json_schema",
+        tool_param=lambda name: f"tools[{index.get(name, 0)}].function.parameters",
+    )
+    constraint = with_grammar(constraint, grammar)
     params = engine_params(req.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
                            logprobs=req.logprobs, param="messages", constraint=constraint,
-                           max_output_tokens=ctx.max_output_tokens)
+                           max_output_tokens=ctx.max_output_tokens, grammar=grammar)
     return req, prompt, params
 
 

@@ -37,7 +37,7 @@ from ignis.server.render import Prompt
 from protocol.conversation import FunctionTool, ToolChoice
 from protocol.errors import Refusal
 
-__all__ = ["call_prefix", "constrain_output", "missing_call_message", "required_tools"]
+__all__ = ["call_prefix", "constrain_output", "missing_call_message", "required_tools", "with_grammar"]
 
 
 def required_tools(choice: ToolChoice, tools: Sequence[FunctionTool]) -> tuple[str, ...]:
@@ -123,3 +123,13 @@ def missing_call_message(names: Sequence[str]) -> str:
         f"The model did not produce a valid call to {which}: tool_choice demands one, and its output "
         "holds no well-formed call."
     )
+
+
+def with_grammar(constraint: OutputConstraint | None, grammar: Any) -> OutputConstraint | None:
+    """The constraint to keep beside an output grammar (ignis/server/structured.py): the
+    grammar spells any demanded call itself, so only the thinking budget stays."""
+    if grammar is None or constraint is None:
+        return constraint
+    if constraint.think_budget is None:
+        return None
+    return replace(constraint, choices=())

@@ -25,7 +25,8 @@ from ignis.server.errors import json_response
 from ignis.server.http_turn import run_turn
 from ignis.server.sampling import check_context, engine_params
 from ignis.server.sse import responses_text
-from ignis.server.constraints import constrain_output
+from ignis.server.constraints import constrain_output, with_grammar
+from ignis.server.structured import output_grammar
 from protocol.decode import decode_json, decode_request
 from protocol.request import ResponsesRequest
 from protocol.responses_conversation import to_conversation
@@ -48,10 +49,17 @@ def prepare(ctx: ServerContext, request: ResponsesRequest, *, generation: bool =
         return prompt, None
     prompt, constraint = constrain_output(prompt, conv.tool_choice, conv.tools, ctx.loaded.tokenizer,
                                           ctx.loaded.config.vocab_size, think_budget=request.sampling.thinking_budget)
+    index = {t.name: i for i, t in enumerate(request.tools)}
+    grammar = output_grammar(
+        prompt.parser, request.text.format, conv.tools, conv.tool_choice, request.sampling,
+        parallel=request.parallel_tool_calls, tokenizer=ctx.loaded.tokenizer, vocab_size=ctx.loaded.config.vocab_size,
+        format_param="text.format", tool_param=lambda name: f"tools[{index.get(name, 0)}].parameters",
+    )
+    constraint = with_grammar(constraint, grammar)
     params = engine_params(
         request.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
         logprobs=request.include_logprobs or bool(request.top_logprobs), param="input", constraint=constraint,
-        max_output_tokens=ctx.max_output_tokens,
+        max_output_tokens=ctx.max_output_tokens, grammar=grammar,
     )
     return prompt, params
 

@@ -15,7 +15,8 @@
   whether logprobs are reported (Responses: the include, or ``top_logprobs`` itself;
   chat: ``logprobs: true``, which chat's decoder demands with ``top_logprobs``).
 - ``constraint``: the forced start of a required tool call and the thinking budget
-  (`constraints.constrain_output`).
+  (`constraints.constrain_output`); ``grammar``: the output grammar of a JSON format or
+  strict tools (`structured.output_grammar`).
 - ``thinking`` is a template switch (`render`), not sampling.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 
 from ignis.engine import SamplingParams
 from ignis.engine.constraint import OutputConstraint
+from ignis.engine.grammar import Grammar
 from ignis.server.errors import context_too_long
 from protocol.errors import Refusal
 from protocol.sampling import SamplingFields
@@ -105,6 +107,7 @@ def engine_params(
     param: str = "input",
     constraint: OutputConstraint | None = None,
     max_output_tokens: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     check_context(prompt_len, max_model_len, param)
     room = max_model_len - prompt_len
@@ -125,6 +128,7 @@ def engine_params(
         logprobs=logprobs,
         top_logprobs=(fields.top_logprobs or 0) if logprobs else 0,
         constraint=constraint,
+        grammar=grammar,
         ignore_eos=bool(fields.ignore_eos),
         min_tokens=fields.min_tokens or 0,
     )

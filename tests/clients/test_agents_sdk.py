@@ -82,18 +82,51 @@ def test_agent_with_tool_choice_required(scripted_server):
         assert calls == ["Paris"] and result.final_output == "It is sunny in Paris."
         first = result.raw_responses[0]
         assert [o.type for o in first.output if o.type == "function_call"] == ["function_call"]
-        # "Say hi" is answered "Hi!" by the script: under a named tool_choice the forced
-        # start overrides it, the script's "Hi!" then makes the call malformed, and the
-        # SDK gets response.failed (never a plain answer passing for a call).
+        # "Say hi" is answered "Hi!" by the script: under a named tool_choice the SDK's
+        # strict tool puts the call under a grammar, which the script's "Hi!" cannot follow:
+        # the grammar writes the call and the scripted model never closes its arguments, so
+        # the response ends incomplete at the limit (never a plain answer passing for a call).
         from agents.exceptions import ModelBehaviorError
 
         named = Agent(name="weather", instructions="Use the tool.", tools=[get_weather],
                       model=OpenAIResponsesModel("scripted", client),
-                      model_settings=ModelSettings(tool_choice="get_weather"))
+                      model_settings=ModelSettings(tool_choice="get_weather", max_tokens=24))
         calls.clear()
-        with pytest.raises(ModelBehaviorError, match="did not produce a valid call to the required tool get_weather"):
+        with pytest.raises(ModelBehaviorError, match="incomplete"):
             await Runner.run(named, "Say hi")
         assert calls == []
+        await client.close()
+
+    asyncio.run(main())
+
+
+def test_agent_output_type_over_http_and_the_socket(scripted_server):
+    """`Agent(output_type=...)`: the SDK sends a strict ``json_schema`` text format; ignis
+    constrains the answer to it and the SDK parses the final output into the model."""
+    from pydantic import BaseModel
+
+    from agents import Agent, Runner, set_tracing_disabled
+    from agents.models.openai_provider import OpenAIProvider
+    from agents.models.openai_responses import OpenAIResponsesModel
+    from agents.run import RunConfig
+
+    set_tracing_disabled(True)
+
+    class City(BaseModel):
+        city: str
+        population: int
+        rivers: list[str]
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=scripted_server.base_url + "/v1", api_key=KEY, max_retries=0)
+        http_agent = Agent(name="cities", instructions="Answer as data.", output_type=City,
+                           model=OpenAIResponsesModel("scripted", client))
+        socket_agent = Agent(name="cities", instructions="Answer as data.", output_type=City, model="scripted")
+        socket = RunConfig(model_provider=OpenAIProvider(openai_client=client, use_responses=True,
+                                                         use_responses_websocket=True))
+        for agent, config in ((http_agent, None), (socket_agent, socket)):
+            result = await Runner.run(agent, "Describe Lyon as data.", run_config=config)
+            assert result.final_output == City(city="Lyon", population=522250, rivers=["Rhone", "Saone"])
         await client.close()
 
     asyncio.run(main())

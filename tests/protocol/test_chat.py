@@ -89,7 +89,8 @@ def good_body() -> dict[str, Any]:
                 "function": {
                     "name": "get_weather",
                     "description": "Weather now",
-                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                   "required": ["city"], "additionalProperties": False},
                     "strict": True,
                 },
             },
@@ -139,7 +140,8 @@ def test_good_body_decodes_fully():
     assert req.stream and req.include_usage and req.logprobs and req.top_logprobs == 3
     assert req.parallel_tool_calls is False
     assert req.tools == (
-        FunctionTool("get_weather", "Weather now", {"type": "object", "properties": {"city": {"type": "string"}}}, True),
+        FunctionTool("get_weather", "Weather now", {"type": "object", "properties": {"city": {"type": "string"}},
+                                                    "required": ["city"], "additionalProperties": False}, True),
         FunctionTool("get_time"),
     )
     assert req.tool_choice == ToolChoice("required", "get_weather")
@@ -415,8 +417,15 @@ BAD_BODIES: list[tuple[dict[str, Any], str | None, str]] = [
     (minimal_body(reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
     (minimal_body(reasoning_effort="extreme", thinking=True), "reasoning_effort", "invalid_value"),
     # formats and the rest
-    (minimal_body(response_format={"type": "json_object"}), "response_format.type", "unsupported_value"),
-    (minimal_body(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format.type", "unsupported_value"),
+    (minimal_body(response_format={"type": "json_schema"}), "response_format.json_schema", "missing_required_parameter"),
+    (minimal_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True}}),
+     "response_format.json_schema.schema", "invalid_json_schema"),
+    (minimal_body(response_format={"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}),
+     "response_format.json_schema.name", "invalid_value"),
+    (minimal_body(response_format={"type": "xml"}), "response_format.type", "invalid_value"),
+    (minimal_body(tools=[{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "uniqueItems": True}}, "required": ["s"],
+        "additionalProperties": False}}}]), "tools[0].function.parameters", "invalid_function_parameters"),
     (minimal_body(response_format={"type": "yaml"}), "response_format.type", "invalid_value"),
     (minimal_body(response_format={}), "response_format.type", "missing_required_parameter"),
     (minimal_body(response_format="text"), "response_format", "invalid_type"),
@@ -454,7 +463,8 @@ def test_same_conversation_as_responses():
     from protocol.decode import decode_request
     from protocol.responses_conversation import to_conversation
 
-    params = {"type": "object", "properties": {"city": {"type": "string"}}}
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
     chat = {
         "model": "smollm2",
         "messages": [

@@ -1,0 +1,161 @@
+"""Structured outputs: a request's JSON format and strict tools -> the engine's output grammar.
+
+What is constrained (ignis/engine/grammar.py enforces it, from the first output token):
+
+- ``text.format`` / chat ``response_format`` ``json_schema`` or ``json_object``: the
+  answer is one JSON value of that schema (``strict: false`` schemas are compiled
+  leniently: keywords the grammar engine does not know are ignored instead of refused).
+  When tools may be called (``tool_choice`` auto), the answer is that JSON *or* tool
+  calls, so an agent with an output type still uses its tools.
+- A call demanded by ``tool_choice`` (required, a named function, allowed_tools
+  required) when one of the allowed tools is ``strict: true``: the answer is calls,
+  each ``<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`` as the Hermes
+  block in the system prompt teaches (and as the forced start spells it), with ARGS
+  the tool's schema (strict) or any JSON object (not strict); the grammar replaces the
+  forced start of constraints.py for that request (the thinking budget stays).
+- ``parallel_tool_calls: false``: exactly one call.
+- A reasoning template: an optional think block first (or the rest of the block the
+  prompt opened), free text up to the first closing tag.
+
+Not constrained yet: strict tools under ``tool_choice: "auto"`` without a JSON format
+(that needs a grammar triggered when the model opens a call).
+
+A grammar the engine cannot compile is the client's: 400 with llguidance's message at
+the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). Stop strings
+and ``min_tokens`` cannot be combined with a grammar (400 at ``stop`` / ``min_tokens``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
+from ignis.output_parser import ParserConfig
+from ignis.server.constraints import required_tools
+from protocol.conversation import FunctionTool, ToolChoice
+from protocol.errors import Refusal
+from protocol.sampling import SamplingFields
+from protocol.structured import TextFormat
+
+__all__ = ["output_grammar"]
+
+_ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+
+
+def _with_options(schema: Mapping[str, Any], strict: bool) -> dict[str, Any]:
+    """The schema with the engine's JSON layout (and leniency for non-strict schemas)."""
+    options = dict(JSON_OPTIONS, lenient=not strict)
+    return {**schema, "x-guidance": options}
+
+
+def _check(schema: Mapping[str, Any], strict: bool, tokenizer: Any, *, owner: str, param: str, code: str) -> None:
+    try:
+        Grammar.json_schema(_with_options(schema, strict)).check(tokenizer)
+    except GrammarError as exc:
+        raise Refusal(f"Invalid schema for {owner}: {exc}", param=param, code=code) from None
+
+
+def _lit(text: str) -> str:
+    """A Lark string literal (JSON's escapes are Lark's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _tag(text: str, tokenizer: Any) -> str:
+    """A template tag in the grammar: its token when the vocabulary has it as one added
+    token (Qwen3's ``<tool_call>``; llguidance matches added tokens by id only, never by
+    their text), else the literal."""
+    token = (getattr(tokenizer, "added_tokens", None) or {}).get(text)
+    return f"<[{token}]>" if token is not None else _lit(text)
+
+
+def _json(schema: Mapping[str, Any], strict: bool) -> str:
+    return "%json " + json.dumps(_with_options(schema, strict), ensure_ascii=False)
+
+
+def output_grammar(
+    parser: ParserConfig,
+    text_format: TextFormat,
+    tools: Sequence[FunctionTool],
+    choice: ToolChoice,
+    sampling: SamplingFields,
+    *,
+    parallel: bool,
+    tokenizer: Any,
+    vocab_size: int,
+    format_param: str,
+    tool_param: Callable[[str], str],
+) -> Grammar | None:
+    """The grammar of the answer, or None when nothing is constrained. `tools` are the
+    callable ones (already cut to the allowed ones); `format_param` is where the format's
+    schema sits (``text.format`` / ``response_format.json_schema``); `tool_param(name)`
+    where a tool's parameters sit. Compiles (and checks) with the tokenizer: call it off
+    the event loop."""
+    callable_tools = list(tools) if choice.mode != "none" else []
+    demanded = choice.mode == "required" and bool(callable_tools)
+    if demanded:
+        names = required_tools(choice, callable_tools)
+        callable_tools = [t for t in callable_tools if t.name in names]
+        if not any(t.strict for t in callable_tools):
+            return None  # the forced start (constraints.py) and the server's call check apply
+        answer_json = None
+    elif text_format.is_json:
+        answer_json = text_format.schema if text_format.type == "json_schema" and text_format.schema else _ANY_OBJECT
+    else:
+        return None
+    if sampling.stop:
+        raise Refusal("'stop' cannot be combined with a JSON output format or strict tools: a stop sequence would "
+                      "cut the constrained output before it is complete.", param="stop", code="invalid_value")
+    if sampling.min_tokens:
+        raise Refusal("'min_tokens' cannot be combined with a JSON output format or strict tools: the grammar "
+                      "decides where the output ends.", param="min_tokens", code="invalid_value")
+    lt = ll_tokenizer(tokenizer, vocab_size)
+    strict_format = bool(text_format.strict)
+    if answer_json is not None:
+        where = f"{format_param}.schema" if text_format.type == "json_schema" else format_param
+        _check(answer_json, strict_format, lt, owner=f"response_format '{text_format.name or 'json_object'}'",
+               param=where, code="invalid_json_schema")
+    rules: list[str] = []
+    alternatives: list[str] = []
+    if answer_json is not None:
+        rules.append(f"answer: {_json(answer_json, strict_format)}")
+        alternatives.append("answer")
+    if callable_tools:
+        calls = []
+        for k, tool in enumerate(callable_tools):
+            schema = tool.parameters if tool.strict and tool.parameters else _ANY_OBJECT
+            if tool.strict and tool.parameters:
+                _check(schema, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
+                       code="invalid_function_parameters")
+            head = f'\n{{"name": {json.dumps(tool.name, ensure_ascii=False)}, "arguments": '
+            rules.append(f"args_{k}: {_json(schema, bool(tool.strict))}")
+            rules.append(f"call_{k}: {_tag(parser.tool_start, tokenizer)} {_lit(head)} args_{k} {_lit(chr(125) + chr(10))} "
+                         f"{_tag(parser.tool_end, tokenizer)}")
+            calls.append(f"call_{k}")
+        rules.append("call: " + " | ".join(calls))
+        rules.append("calls: call (WS? call)*" if parallel else "calls: call")
+        alternatives.append("calls")
+    body = " | ".join(alternatives)
+    lines = [*rules, "WS: /[ \\t\\r\\n]+/"]
+    if parser.reasoning:
+        end = _tag(parser.think_end, tokenizer)
+        if end.startswith("<["):  # a token: free text up to it (its bytes are no text)
+            think = f"THINK? {end}"
+            lines.append("THINK: /(.|\\n)+/")
+        else:  # text: free text up to its first occurrence, which closes the block
+            think = "think_text"
+            lines.append(f"think_text[stop={end}]: /(.|\\n)*/")
+        if parser.starts_in_reasoning:
+            lines.insert(0, f"start: {think} WS? ({body})")
+        else:
+            lines.insert(0, f"start: ({_tag(parser.think_start, tokenizer)} {think} WS?)? ({body})")
+    else:
+        lines.insert(0, f"start: {body}")
+    grammar = Grammar.lark("\n".join(lines))
+    try:
+        grammar.check(lt)
+    except GrammarError as exc:  # each schema compiled alone above: a tag or name the grammar cannot hold
+        raise Refusal(f"The output grammar for this request does not compile: {exc}", param=None,
+                      code="invalid_value") from None
+    return grammar

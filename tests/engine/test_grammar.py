@@ -1,0 +1,145 @@
+"""Grammar-constrained decoding in the engine (ignis/engine/grammar.py) with the tiny random
+model: outputs match their schema (greedy and sampled, beside unconstrained rows),
+preemption keeps the matcher right, abort frees it, a row that cannot go on fails alone,
+and what a grammar refuses at submit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ignis.config import EngineConfig
+from ignis.engine import FinishReason, LLMEngine, SamplingParams
+from ignis.engine.constraint import OutputConstraint
+from ignis.engine.grammar import Grammar, GrammarError, GrammarState, ll_tokenizer
+from ignis.model import LoadedModel
+
+jsonschema = pytest.importorskip("jsonschema")
+
+CFG = EngineConfig(num_kv_blocks=128, block_size=4, cpu_pack_weights=False)
+# Every value bounded, so a random model's output ends well within max_tokens.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["cat", "dog", "hello world"]},
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+    },
+    "required": ["kind", "ok", "tags"],
+    "additionalProperties": False,
+}
+
+
+def _prompt(tiny: LoadedModel, text: str = "hello world") -> list[int]:
+    return tiny.tokenizer.encode(text)
+
+
+def test_constrained_output_matches_schema_beside_free_rows(tiny: LoadedModel) -> None:
+    engine = LLMEngine(tiny, CFG)
+    g = Grammar.json_schema(SCHEMA)
+    params = [SamplingParams.greedy(80, grammar=g), SamplingParams.greedy(12),
+              SamplingParams(max_tokens=80, temperature=1.0, seed=5, grammar=g),
+              SamplingParams(max_tokens=80, temperature=1.3, top_k=20, seed=9, grammar=Grammar.json_object())]
+    free_alone = LLMEngine(tiny, CFG).generate([_prompt(tiny)], SamplingParams.greedy(12))[0]
+    outs = engine.generate([_prompt(tiny)] * 4, params)
+    for k in (0, 2):
+        assert outs[k].finish_reason is FinishReason.STOP, outs[k]
+        jsonschema.validate(json.loads(outs[k].text), SCHEMA)
+    assert outs[3].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    if outs[3].finish_reason is FinishReason.STOP:
+        assert isinstance(json.loads(outs[3].text), dict)
+    # The unconstrained row is what it is alone: the masks touch only their rows.
+    assert outs[1].token_ids == free_alone.token_ids
+
+
+def test_length_cut_leaves_a_prefix_and_says_length(tiny: LoadedModel) -> None:
+    out = LLMEngine(tiny, CFG).generate([_prompt(tiny)], SamplingParams.greedy(3, grammar=Grammar.json_schema(SCHEMA)))[0]
+    assert out.finish_reason is FinishReason.LENGTH
+    assert out.text.startswith("{") and len(out.token_ids) == 3
+
+
+def test_regex_and_lark(tiny: LoadedModel) -> None:
+    engine = LLMEngine(tiny, CFG)
+    outs = engine.generate(
+        [_prompt(tiny)] * 2,
+        [SamplingParams.greedy(40, grammar=Grammar.regex(r"(yes|no)-[0-9]{2}")),
+         SamplingParams(max_tokens=40, temperature=1.0, seed=3,
+                        grammar=Grammar.lark('start: "<" WORD ">"\nWORD: /[a-z]{1,5}/'))],
+    )
+    import re
+
+    assert re.fullmatch(r"(yes|no)-[0-9]{2}", outs[0].text), outs[0]
+    assert re.fullmatch(r"<[a-z]{1,5}>", outs[1].text), outs[1]
+    assert outs[0].finish_reason is outs[1].finish_reason is FinishReason.STOP
+
+
+def test_preemption_keeps_the_matcher(tiny: LoadedModel) -> None:
+    """Few KV blocks: sequences are preempted and recomputed mid-output; the constrained
+    greedy outputs equal those of a roomy engine."""
+    g = Grammar.json_schema(SCHEMA)
+    prompts = [_prompt(tiny, f"hello world {i}") for i in range(4)]
+    params = [SamplingParams.greedy(60, grammar=g)] * 4
+    roomy = LLMEngine(tiny, CFG).generate(prompts, params)
+    tight = LLMEngine(tiny, EngineConfig(num_kv_blocks=12, block_size=4, cpu_pack_weights=False,
+                                         enable_prefix_caching=False))
+    outs = tight.generate(prompts, params)
+    assert tight.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in roomy]
+    assert all(o.finish_reason is FinishReason.STOP for o in outs)
+
+
+def test_abort_frees_the_matcher(tiny: LoadedModel) -> None:
+    engine = LLMEngine(tiny, CFG)
+    engine.add_request("a", _prompt(tiny), SamplingParams.greedy(60, grammar=Grammar.json_schema(SCHEMA)))
+    engine.add_request("b", _prompt(tiny), SamplingParams.greedy(5))
+    engine.step()
+    seq = engine.seqs["a"]
+    assert seq.grammar is not None and seq.grammar.num_tokens == 1
+    assert engine.abort_request("a")
+    assert seq.grammar is None and "a" not in engine.seqs
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert finals["a"].finish_reason is FinishReason.ABORT and finals["b"].finish_reason is FinishReason.LENGTH
+
+
+def test_contradicting_constraint_fails_that_row_only(tiny: LoadedModel) -> None:
+    """Nothing is allowed (the forced start and the grammar disagree): that request fails
+    with a message, the other of the batch goes on."""
+    engine = LLMEngine(tiny, CFG)
+    bad = SamplingParams.greedy(10, grammar=Grammar.regex("abc"), constraint=OutputConstraint((b"xyz",)))
+    outs = engine.generate([_prompt(tiny)] * 2, [bad, SamplingParams.greedy(4)])
+    assert outs[0].finish_reason is FinishReason.ERROR and "grammar allows no token" in (outs[0].error or "")
+    assert outs[1].finish_reason is FinishReason.LENGTH and len(outs[1].token_ids) == 4
+
+
+def test_rejected_token_fails_the_request(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token the matcher rejects (a sampler fault) ends the request with an error."""
+    engine = LLMEngine(tiny, CFG)
+    real = engine.runner.execute
+
+    def wrong(batch):  # the sampler "draws" a token outside the mask
+        result = real(batch)
+        result.tokens = [tiny.tokenizer.encode("zz")[0] if t is not None else None for t in result.tokens]
+        return result
+
+    monkeypatch.setattr(engine.runner, "execute", wrong)
+    out = engine.generate([_prompt(tiny)], SamplingParams.greedy(10, grammar=Grammar.regex("[0-9]+")))[0]
+    assert out.finish_reason is FinishReason.ERROR and "does not match the output grammar" in (out.error or "")
+
+
+def test_refused_at_submit(tiny: LoadedModel) -> None:
+    engine = LLMEngine(tiny, CFG)
+    g = Grammar.json_object()
+    with pytest.raises(ValueError, match="stop strings"):
+        engine.add_request("s", _prompt(tiny), SamplingParams(stop=["}"], grammar=g))
+    with pytest.raises(ValueError, match="min_tokens"):
+        engine.add_request("m", _prompt(tiny), SamplingParams(min_tokens=2, grammar=g))
+    with pytest.raises(GrammarError, match="unknown name"):
+        GrammarState(Grammar.lark("start: foo"), ll_tokenizer(tiny.tokenizer, tiny.config.vocab_size))
+    with pytest.raises(GrammarError):
+        Grammar.lark("start: /a[b/").check()
+    assert not engine.seqs
