@@ -44,6 +44,8 @@ CHECKS = [
     "experiments.gpu.attention_check",
     "experiments.gpu.sampling_check",
     "experiments.gpu.engine_check",
+    "experiments.gpu.wo_matmul_check",
+    "experiments.gpu.token_mask_check",
 ]
 
 # What the checks import, and what it serves. The GPU image has these (DESIGN.md) ...

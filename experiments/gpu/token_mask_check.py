@@ -75,3 +75,11 @@ if __name__ == "__main__":
     bw = measure_copy_bandwidth()
     for r in run(bw):
         print(f"{r['op']:<16} {r['shape']:<24} {r['ms']:.4f} ms {r['gbs']:.0f} GB/s ok={r['ok']}  {r['vs']}")
+
+
+def cases(ctx: "object") -> list:
+    """check_kernels.py's interface: one case producing every row of `run`."""
+    from experiments.gpu.common import Case
+
+    return [Case("token mask (grammar bitmask)", f"1/64/256 x {VOCAB}", lambda c: run(c.copy_gbs), "events, median",
+                 "reference, unpack + masked_fill")]

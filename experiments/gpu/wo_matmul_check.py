@@ -90,3 +90,12 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def cases(ctx: "object") -> list:
+    """check_kernels.py's interface: one case producing every row of `run`."""
+    from experiments.gpu.common import Case
+
+    shapes = ", ".join(f"N{n} K{k}" for n, k in SHAPES)
+    return [Case("wo_matmul W4A16/W8A16", f"M{ROWS} x ({shapes})", lambda c: run(c.copy_gbs), "events, median",
+                 "bf16 torch.matmul")]
