@@ -75,11 +75,12 @@ def test_dry_run_on_the_gpu_image(tmp_path):
     assert any(op.startswith("decode sweep") for op, _ in ops)
     assert any(op.startswith("sampling bf16") for op, _ in ops)
     assert ("engine decode step", "qwen3-0.6b bs=256 ctx~512") in ops
+    assert any(op.startswith("wo_matmul") for op, _ in ops) and any(op.startswith("token mask") for op, _ in ops)
     for module in ("attention_check", "sampling_check", "engine_check"):
         assert f"{module}: host-side preparation" in output
     assert "crashed" not in output
     tail = output.strip().splitlines()
-    assert tail[-1].startswith("engine forced + top_logprobs"), tail[-3:]  # the table is printed last
+    assert tail[-1].startswith("token mask"), tail[-3:]  # the table is printed last (the last check's row)
     assert any(line.startswith("op ") and "GB/s" in line for line in tail[-40:])
 
 
