@@ -27,7 +27,7 @@ from sanic import HTTPResponse, Request, Sanic
 from ignis.config import IgnisConfig, ServerConfig
 from ignis.engine import AsyncEngine
 from ignis.model.loader import LoadedModel
-from ignis.server import access, admin, auth
+from ignis.server import access, admin, auth, guard
 from ignis.server.chat_http import create_chat_completion
 from ignis.server.context import ServerContext
 from ignis.server.errors import error_handler, json_response, model_not_found, refusal_response, shutting_down
@@ -145,6 +145,10 @@ def _cors_headers(ctx: ServerContext, request: Request) -> dict[str, str]:
 async def _before(request: Request) -> HTTPResponse | None:
     await access.on_request(request)
     ctx: ServerContext = request.app.ctx.ignis
+    refused = guard.check_request(request, ctx.cfg)
+    if refused is not None:
+        ctx.metrics.refused(_endpoint(request.path), refused.status)
+        return refused
     if request.method == "OPTIONS" and request.headers.get("access-control-request-method"):
         headers = _cors_headers(ctx, request)
         return HTTPResponse(status=204, headers=headers) if headers else None

@@ -6,7 +6,7 @@ subprotocol selector we can choose. This subclass builds it with:
 - permessage-deflate (Codex and the OpenAI SDK offer it; accepting it shrinks the
   multi-kilobyte history frames);
 - a subprotocol selector: the first offered entry that is not
-  ``openai-insecure-api-key.*`` (a browser drops a socket whose offered protocols got
+  ``openai-insecure-api-key.*`` in any casing (a browser drops a socket whose offered protocols got
   no answer), none when only the key (or nothing) was offered. The key entry is never
   selected, so it is never echoed in the handshake answer.
 
@@ -33,14 +33,14 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
-from ignis.server.auth import KEY_SUBPROTOCOL_PREFIX
+from ignis.server.auth import is_key_entry
 
 __all__ = ["IgnisWebSocketProtocol", "select_subprotocol"]
 
 
 def select_subprotocol(_protocol: object, offered: Sequence[Subprotocol]) -> Subprotocol | None:
     for entry in offered:
-        if not entry.startswith(KEY_SUBPROTOCOL_PREFIX):
+        if not is_key_entry(entry):
             return entry
     return None
 
