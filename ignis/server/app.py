@@ -35,6 +35,7 @@ from ignis.server.metrics import CONTENT_TYPE
 from ignis.server.playground_routes import add_playground
 from ignis.server.responses_http import create_response
 from ignis.server.shutdown import drain
+from ignis.server.socket_intake import SocketBuffers
 from ignis.server.socket_session import responses_socket
 
 __all__ = ["create_app"]
@@ -61,6 +62,9 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     # for the connections left: only idle keep-alive ones remain.
     app.config.GRACEFUL_SHUTDOWN_TIMEOUT = 1.0
     app.config.RESPONSE_TIMEOUT = _SANIC_RESPONSE_TIMEOUT
+    # Sanic's idle timer while a request arrives; the whole request's deadline is ours
+    # (connections.py), with the same value.
+    app.config.REQUEST_TIMEOUT = float(server_cfg.receive_timeout)
     app.config.ACCESS_LOG = False  # ours is `ignis.access`
     app.config.NOISY_EXCEPTIONS = False
     app.config.FALLBACK_ERROR_FORMAT = "json"
@@ -70,6 +74,9 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     app.config.TOUCHUP = False
     ctx = ServerContext.build(server_cfg, loaded, engine)
     app.ctx.ignis = ctx
+    if server_cfg.socket_buffer_bytes < server_cfg.max_request_bytes:
+        raise ValueError("server.socket_buffer_bytes must be at least server.max_request_bytes (one whole message)")
+    app.ctx.socket_buffers = SocketBuffers(server_cfg.socket_buffer_bytes)
     if ctx.api_key is None:
         log.warning("no API key set (server.api_key / IGNIS_API_KEY): every route is open")
 
