@@ -29,6 +29,7 @@ from ignis.engine import AsyncEngine
 from ignis.model.loader import LoadedModel
 from ignis.server import access, admin, auth, guard
 from ignis.server.chat_http import create_chat_completion
+from ignis.server.connections import connection_cap
 from ignis.server.context import ServerContext
 from ignis.server.errors import error_handler, json_response, model_not_found, refusal_response, shutting_down
 from ignis.server.metrics import CONTENT_TYPE
@@ -77,6 +78,7 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     if server_cfg.socket_buffer_bytes < server_cfg.max_request_bytes:
         raise ValueError("server.socket_buffer_bytes must be at least server.max_request_bytes (one whole message)")
     app.ctx.socket_buffers = SocketBuffers(server_cfg.socket_buffer_bytes)
+    app.ctx.connection_cap = connection_cap(int(server_cfg.max_connections))
     if ctx.api_key is None:
         log.warning("no API key set (server.api_key / IGNIS_API_KEY): every route is open")
 

@@ -8,7 +8,8 @@ On top of them:
   from the request's first byte (Sanic's REQUEST_TIMEOUT, set to the same value, still
   bounds the silence between two bytes). Past it the client gets 408 and the
   connection closes.
-- At most ``server.max_connections`` open connections (HTTP and WebSocket). One more is
+- At most ``server.max_connections`` open connections (HTTP and WebSocket; fewer when
+  the descriptor limit leaves less room, see `connection_cap`). One more is
   answered ``503`` (OpenAI's error shape, ``Retry-After``) and closed before any request
   is read; its unread bytes are drained for a moment so the close sends no RST over
   the answer.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from typing import Any
 
 from sanic.exceptions import BadRequest, RequestCancelled, RequestTimeout
@@ -30,7 +32,7 @@ from sanic.http import Http, Stage
 from protocol.errors import Refusal
 from protocol.events import dumps
 
-__all__ = ["IgnisHttp", "ConnectionLimits", "ClientGone"]
+__all__ = ["IgnisHttp", "ConnectionLimits", "ClientGone", "connection_cap"]
 
 log = logging.getLogger("ignis.server")
 
@@ -38,6 +40,24 @@ log = logging.getLogger("ignis.server")
 # for how long: past either, they are aborted.
 _MAX_LINGERING = 64
 _LINGER_SECONDS = 1.0
+# Descriptors kept for everything but client connections (model files, the listening
+# socket, the event loop, logs) and for refused connections being drained.
+_FD_RESERVE = 64 + _MAX_LINGERING
+
+
+def connection_cap(configured: int) -> int:
+    """server.max_connections, lowered (with a warning) to what the process's descriptor
+    limit leaves: past that limit accept() fails and /health with it."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return configured
+    if soft == resource.RLIM_INFINITY or configured <= soft - _FD_RESERVE:
+        return configured
+    cap = max(1, soft - _FD_RESERVE)
+    log.warning("server.max_connections=%d lowered to %d: the descriptor limit (ulimit -n) is %d", configured, cap,
+                soft)
+    return cap
 
 
 class ClientGone(Exception):
@@ -78,8 +98,9 @@ class ConnectionLimits:
         self.refused = False
         cfg = self.app.ctx.ignis.cfg  # type: ignore[attr-defined]
         self.receive_timeout = float(cfg.receive_timeout)
-        if len(self.connections) >= cfg.max_connections:  # type: ignore[attr-defined]
-            self._refuse(transport, cfg.max_connections, cfg.retry_after)
+        cap = self.app.ctx.connection_cap  # type: ignore[attr-defined]
+        if len(self.connections) >= cap:  # type: ignore[attr-defined]
+            self._refuse(transport, cap, cfg.retry_after)
             return
         super().connection_made(transport)  # type: ignore[misc]
 

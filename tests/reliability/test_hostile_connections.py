@@ -186,3 +186,13 @@ def test_sigterm_with_slow_clients_is_quiet(tiny_server_model):
     assert proc.returncode == 0, output[-3000:]
     assert "Traceback" not in output and "uncaught" not in output, output[-3000:]
     assert " 500 " not in output, output[-3000:]
+
+
+def test_the_cap_leaves_room_under_the_descriptor_limit(monkeypatch):
+    """With `ulimit -n 256`, 512 connections would exhaust descriptors (accept() failing,
+    /health with it): the cap is lowered to what the limit leaves."""
+    from ignis.server import connections
+
+    monkeypatch.setattr(connections.resource, "getrlimit", lambda _: (256, 4096))
+    assert connections.connection_cap(512) == 256 - connections._FD_RESERVE
+    assert connections.connection_cap(100) == 100
