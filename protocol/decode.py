@@ -807,7 +807,9 @@ def decode_request(
         accept = (transport == "socket") if accept_previous_response_id is None else accept_previous_response_id
         if not accept:
             raise Refusal(
-                f"Previous response with id '{prev}' not found.",
+                f"Previous response with id '{prev}' not found: ignis stores no responses over HTTP. "
+                "Send the whole conversation as `input` (or use the WebSocket mode, where a connection "
+                "keeps the latest response of each stream).",
                 param="previous_response_id",
                 code="previous_response_not_found",
             )

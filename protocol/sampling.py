@@ -28,6 +28,12 @@ max_output_tokens      integer >= 1                                OpenAI's Resp
                                                                    API wants >= 16;
                                                                    ignis allows 1
 top_logprobs           integer, 0 <= n <= 20
+ignore_eos             boolean                                     vLLM's benchmark
+                                                                   extension: EOS does
+                                                                   not end the output
+min_tokens             integer >= 0, <= max_output_tokens          vLLM's: EOS and stop
+                                                                   tokens cannot end the
+                                                                   output before N tokens
 thinking               see below
 =====================  ==========================================  ==================
 
@@ -65,6 +71,7 @@ from typing import Any, Mapping
 
 from protocol.checks import (
     check_array,
+    check_bool,
     check_enum,
     check_int,
     check_known_keys,
@@ -111,6 +118,8 @@ class SamplingFields:
     top_logprobs: int | None = None
     thinking: bool | None = None  # None = the model's default
     thinking_budget: int | None = None  # reasoning-token budget; None = unbounded
+    ignore_eos: bool | None = None  # vLLM extension (benchmarks): EOS does not end the output
+    min_tokens: int | None = None  # vLLM extension: no EOS / stop token before this many
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that were given (not None), as plain JSON-able values."""
@@ -133,6 +142,8 @@ RESPONSES_NAMES: Mapping[str, str] = {
     "stop": "stop",
     "max_output_tokens": "max_output_tokens",
     "top_logprobs": "top_logprobs",
+    "ignore_eos": "ignore_eos",
+    "min_tokens": "min_tokens",
     "thinking": "thinking",
 }
 
@@ -234,6 +245,8 @@ _CHECKS = {
     "stop": _check_stop,
     "max_output_tokens": lambda v, p: check_int(v, p, ge=1),
     "top_logprobs": lambda v, p: check_int(v, p, ge=0, le=MAX_TOP_LOGPROBS),
+    "ignore_eos": check_bool,
+    "min_tokens": lambda v, p: check_int(v, p, ge=0),
     "thinking": _check_thinking,
 }
 
@@ -301,4 +314,12 @@ def extract_sampling(
             thinking = thinking_for_effort(effort)
     if thinking is not None:
         values["thinking"], values["thinking_budget"] = thinking
+    low, high = values.get("min_tokens"), values.get("max_output_tokens")
+    if low is not None and high is not None and low > high:
+        param = path(prefix, "min_tokens")
+        raise Refusal(
+            f"Invalid '{param}': {low} is more than the output limit ({high}).",
+            param=param,
+            code="invalid_value",
+        )
     return SamplingFields(**values)

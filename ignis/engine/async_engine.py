@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypedDict, Unpack
 
@@ -73,12 +73,26 @@ class RequestStream:
         self._loop = loop
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.finished = False  # the final output has been delivered to the queue
+        self.final: RequestOutput | None = None
         self._consumed_final = False
+        self._on_final: Callable[[RequestOutput], None] | None = None
 
     def _put(self, out: RequestOutput) -> None:
         if out.finished:
             self.finished = True
+            self.final = out
+            if self._on_final is not None:
+                self._on_final(out)
         self._queue.put_nowait(out)
+
+    def on_final(self, callback: Callable[[RequestOutput], None]) -> None:
+        """Call `callback` (on the event loop) with the final output when it arrives, at once
+        if it has: a consumer that left early (a client gone) still learns the usage,
+        tokens generated after it left included."""
+        if self.final is not None:
+            callback(self.final)
+        else:
+            self._on_final = callback
 
     def __aiter__(self) -> RequestStream:
         return self

@@ -329,7 +329,21 @@ class ModelRunner:
             return sub
         return logits.index_copy(0, which, sub)
 
+    @staticmethod
+    def _ban_stops(logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
+        """`logits` with the stop ids at -inf in the rows still short of their
+        `min_tokens` (a copy, as `_mask_forced`; the same tensor when no row is)."""
+        cells = [
+            (k, t) for k, s in enumerate(rows)
+            if s.num_output_tokens < s.params.min_tokens for t in s.stop_ids if t < logits.shape[1]
+        ]
+        if not cells:
+            return logits
+        at = torch.tensor(cells, dtype=torch.long).to(logits.device)
+        return logits.index_put((at[:, 0], at[:, 1]), torch.tensor(_NEG_INF, device=logits.device))
+
     def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
+        logits = self._ban_stops(logits, rows)
         # Forced rows sample from (and report logprobs of) the masked distribution.
         logits = self._mask_forced(logits, rows)
         want_logprobs = any(s.params.logprobs for s in rows)  # top_logprobs implies logprobs

@@ -31,6 +31,9 @@ class SamplingParams:
     stop: Sequence[str] = field(default_factory=tuple)  # stop strings, cut from the text
     stop_token_ids: Sequence[int] = field(default_factory=tuple)  # besides the model's EOS ids
     ignore_eos: bool = False
+    # EOS and stop_token_ids cannot be drawn before this many output tokens (vLLM's
+    # min_tokens; stop strings still apply).
+    min_tokens: int = 0
     skip_special_tokens: bool = True  # in the detokenized text
     logprobs: bool = False  # report the logprob of each sampled token
     # Also report this many most likely tokens of each step (0..20, OpenAI's range);
@@ -66,6 +69,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
         if not self.repetition_penalty > 0.0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,6 +42,8 @@ class LoadedModel:
     kind: Kind
     # Whether output may open with a <think> block; None = decided by the chat template.
     reasoning: bool | None = None
+    # Sampling defaults the checkpoint ships (generation_config.json, GGUF general.sampling.*).
+    generation_defaults: dict[str, float | int] = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
@@ -133,10 +135,12 @@ def load_model(
     if kind == "gguf":
         import gguf
 
+        from ignis.model.generation_config import from_gguf
         from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
 
         reader = gguf.GGUFReader(p)
         config = config_from_gguf(reader)
+        defaults = from_gguf(reader)
         weights = _progress(iter_gguf_weights(reader, config), len(reader.tensors), progress, "dequantizing")
         model = build_model(config, weights, dtype=dt, device=dev)
         tokenizer = Tokenizer.from_gguf(reader)
@@ -149,7 +153,10 @@ def load_model(
             read_hf_config,
         )
 
+        from ignis.model.generation_config import from_hf_dir
+
         config = read_hf_config(p)
+        defaults = from_hf_dir(p)
         weights = _progress(iter_hf_weights(p), len(hf_tensor_names(p)), progress, "loading weights")
         model = build_model(config, weights, dtype=dt, device=dev)
         tokenizer = Tokenizer.from_hf_dir(p)
@@ -177,6 +184,7 @@ def load_model(
         name=name,
         path=str(p),
         kind=kind,
+        generation_defaults=defaults,
     )
 
 

@@ -23,6 +23,10 @@ holding ``<tool_response>...</tool_response>``)::
           </tool_call>
     default: "I have no scripted answer for that."   # when no rule matches
 
+A rule may also say ``fail_after: N``: the forward raises `ScriptedFault` once N tokens
+of its reply are written, an engine fault in the middle of a stream for the tests of
+how one request's failure ends (test-only, like the whole model).
+
 How it knows the conversation: the forward writes each token id into the paged KV
 cache (one KV head of width 2: the id, and 1 to mark the slot written) and, at the
 last position of each sequence in the step, reads the sequence's ids back through
@@ -57,12 +61,17 @@ class ScriptError(ValueError):
     pass
 
 
+class ScriptedFault(RuntimeError):
+    """Raised by the forward where a rule's `fail_after` says: an injected engine fault."""
+
+
 @dataclass(frozen=True)
 class Rule:
     reply: str
     contains: str | None = None
     regex: re.Pattern[str] | None = None
     role: str | None = None
+    fail_after: int | None = None  # raise ScriptedFault once this many reply tokens are out
 
     def matches(self, role: str, text: str) -> bool:
         if self.role is not None and self.role != role:
@@ -89,7 +98,7 @@ class Script:
             where = f"{source}: rules[{i}]"
             if not isinstance(raw, dict) or not isinstance(raw.get("reply"), str):
                 raise ScriptError(f"{where} needs a string 'reply'")
-            extra = set(raw) - {"reply", "contains", "regex", "role"}
+            extra = set(raw) - {"reply", "contains", "regex", "role", "fail_after"}
             if extra:
                 raise ScriptError(f"{where}: unknown keys {sorted(extra)}")
             if "contains" not in raw and "regex" not in raw and "role" not in raw:
@@ -98,7 +107,10 @@ class Script:
                 pattern = re.compile(raw["regex"]) if "regex" in raw else None
             except (re.error, TypeError) as exc:
                 raise ScriptError(f"{where}: bad regex: {exc}") from None
-            rules.append(Rule(raw["reply"], raw.get("contains"), pattern, raw.get("role")))
+            fail_after = raw.get("fail_after")
+            if fail_after is not None and (not isinstance(fail_after, int) or fail_after < 0):
+                raise ScriptError(f"{where}: 'fail_after' must be an integer >= 0")
+            rules.append(Rule(raw["reply"], raw.get("contains"), pattern, raw.get("role"), fail_after))
         default = data.get("default", "")
         if not isinstance(default, str):
             raise ScriptError(f"{source}: 'default' must be a string")
@@ -114,8 +126,11 @@ class Script:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
         return cls.from_dict(data, str(p))
 
+    def rule_for(self, role: str, text: str) -> Rule:
+        return next((r for r in self.rules if r.matches(role, text)), Rule(self.default))
+
     def reply_for(self, role: str, text: str) -> str:
-        return next((r.reply for r in self.rules if r.matches(role, text)), self.default)
+        return self.rule_for(role, text).reply
 
 
 class ScriptedModel(nn.Module):
@@ -171,7 +186,10 @@ class ScriptedModel(nn.Module):
             ends = np.flatnonzero(ids[start:turn] == self.im_end)
             end = start + int(ends[0]) if len(ends) else turn
             role, _, text = self.tokenizer.decode(ids[start + 1 : end].tolist()).partition("\n")
-        reply = self.reply_ids(self.script.reply_for(role, text))
+        rule = self.script.rule_for(role, text)
+        if rule.fail_after is not None and generated >= rule.fail_after:
+            raise ScriptedFault(f"scripted fault after {rule.fail_after} tokens")
+        reply = self.reply_ids(rule.reply)
         return reply[generated] if generated < len(reply) else self.eos_token_id
 
     def forward(

@@ -12,7 +12,10 @@ from sanic.response import BaseHTTPResponse
 
 from ignis.server.generation import Outcome
 
-__all__ = ["access_log", "on_request", "on_response", "log_outcome"]
+__all__ = ["access_log", "on_request", "on_response", "log_outcome", "log_client_closed"]
+
+# nginx's status for "client closed request": the client went away before the response ended.
+CLIENT_CLOSED = 499
 
 access_log = logging.getLogger("ignis.access")
 
@@ -22,13 +25,24 @@ async def on_request(request: Request) -> None:
 
 
 async def on_response(request: Request, response: BaseHTTPResponse) -> None:
-    if not request.app.ctx.ignis.cfg.access_log:
-        return
+    if not request.app.ctx.ignis.cfg.access_log or getattr(request.ctx, "client_closed", False):
+        return  # a client that left was logged as a 499 (log_client_closed), not as Sanic's 500
     t0 = getattr(request.ctx, "t0", None)
     ms = (time.monotonic() - t0) * 1000 if t0 is not None else 0.0
     kind = " (stream)" if response.content_type and "event-stream" in response.content_type else ""
     access_log.info("%s %s %s %s %d%s %.1f ms", request.ip, request.method, request.path, _proto(request),
                     response.status, kind, ms)
+
+
+def log_client_closed(request: Request, response_id: str, outcome: Outcome, *, enabled: bool = True) -> None:
+    """The access line of an HTTP request whose client left mid-response (no response
+    line is written for it): status 499, with the tokens made for it."""
+    if not enabled:
+        return
+    u = outcome.usage
+    access_log.info("%s %s %s %s %d (client closed request) %.1f ms: %s input=%d output=%d", request.ip,
+                    request.method, request.path, _proto(request), CLIENT_CLOSED, outcome.elapsed * 1000,
+                    response_id, u.input_tokens, u.output_tokens)
 
 
 def _proto(request: Request) -> str:
@@ -42,8 +56,9 @@ def log_outcome(where: str, response_id: str, outcome: Outcome, *, stream_id: st
     u = outcome.usage
     lane = f" stream_id={stream_id}" if stream_id is not None else ""
     ttft = f" ttft={outcome.ttft:.3f}s" if outcome.ttft is not None else ""
+    status = f"{CLIENT_CLOSED} client closed" if outcome.status == "client_closed" else outcome.status
     access_log.info(
         "%s %s%s %s: input=%d cached=%d output=%d%s total=%.3fs%s",
-        where, response_id, lane, outcome.status, u.input_tokens, u.cached_tokens, u.output_tokens, ttft,
+        where, response_id, lane, status, u.input_tokens, u.cached_tokens, u.output_tokens, ttft,
         outcome.elapsed, f" ({outcome.error})" if outcome.error and outcome.status == "failed" else "",
     )

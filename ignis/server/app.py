@@ -73,7 +73,8 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     # Sanic's "touchup" rewrites methods of the Sanic class itself at start-up; a second
     # app in one process (tests, BackgroundServer) would fail on it.
     app.config.TOUCHUP = False
-    ctx = ServerContext.build(server_cfg, loaded, engine)
+    ctx = ServerContext.build(server_cfg, loaded, engine,
+                              sampling=cfg.model.sampling if isinstance(cfg, IgnisConfig) else None)
     app.ctx.ignis = ctx
     if server_cfg.socket_buffer_bytes < server_cfg.max_request_bytes:
         raise ValueError("server.socket_buffer_bytes must be at least server.max_request_bytes (one whole message)")

@@ -39,6 +39,7 @@ _SHUTDOWN = "The server shut down before this completion finished (server.shutdo
 def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
     req = decode_chat_request_bytes(raw)
     ctx.check_model(req.model)
+    req = ctx.with_defaults(req)
     prompt = ctx.renderer.render(req.messages, req.tools, req.tool_choice, thinking=req.sampling.thinking,
                                  param="messages", max_tokens=ctx.max_model_len - 1)
     prompt, constraint = constrain_output(prompt, req.tool_choice, req.tools, ctx.loaded.tokenizer,
@@ -58,7 +59,8 @@ async def create_chat_completion(request: Request) -> HTTPResponse | None:
     enc = ChatStream(model=req.model, include_usage=req.include_usage, logprobs=req.logprobs, emit=req.stream)
     outcome = await run_turn(request, ctx, endpoint="chat", sse=req.stream, prompt=prompt, params=params,
                              encoder=enc, arrival=arrival, to_text=chat_text, trailer=SSE_DONE,
-                             timeout_code="timeout", abort_error=_SHUTDOWN)
+                             timeout_code="timeout", abort_error=_SHUTDOWN,
+                             single_call=not req.parallel_tool_calls)
     if isinstance(outcome, HTTPResponse):
         return outcome
     if req.stream:

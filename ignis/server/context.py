@@ -7,7 +7,7 @@ import hashlib
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ignis.config import ServerConfig
@@ -18,6 +18,7 @@ from ignis.server.auth import resolve_api_key
 from ignis.server.errors import model_not_found
 from ignis.server.metrics import Metrics
 from ignis.server.render import Renderer
+from ignis.server.sampling import RequestDefaults
 
 __all__ = ["LiveSettings", "ServerContext", "LIVE_KEYS"]
 
@@ -49,6 +50,8 @@ class ServerContext:
     admission: Admission
     metrics: Metrics
     model_names: tuple[str, ...]
+    # What a request gets for the sampling fields it omits (the model's defaults).
+    defaults: RequestDefaults = field(default_factory=RequestDefaults.resolve)
     started: int = field(default_factory=lambda: int(time.time()))
     sockets: set[Any] = field(default_factory=set)
     # Engine streams of the HTTP turns running now, and whether the server is shutting
@@ -57,7 +60,9 @@ class ServerContext:
     draining: bool = False
 
     @classmethod
-    def build(cls, cfg: ServerConfig, loaded: LoadedModel, engine: AsyncEngine) -> ServerContext:
+    def build(cls, cfg: ServerConfig, loaded: LoadedModel, engine: AsyncEngine, *,
+              sampling: Any = None) -> ServerContext:
+        """`sampling`: the `model.sampling` config block (ignis.config.SamplingDefaults)."""
         if cfg.max_output_tokens is not None and cfg.max_output_tokens < 1:
             raise ValueError(f"server.max_output_tokens must be null or at least 1, got {cfg.max_output_tokens}")
         if cfg.reasoning_key:
@@ -70,6 +75,8 @@ class ServerContext:
         metrics = Metrics(engine, queued=lambda: admission.queued, sockets=lambda: len(sockets),
                           token_cache=renderer.token_cache)
         names = tuple(dict.fromkeys([loaded.name, *cfg.model_aliases]))
+        defaults = RequestDefaults.resolve(sampling, getattr(loaded, "generation_defaults", None), server_cap=cfg.max_output_tokens)
+        log.info("sampling defaults: %s", defaults.describe())
         return cls(
             cfg=cfg,
             loaded=loaded,
@@ -81,6 +88,7 @@ class ServerContext:
             admission=admission,
             metrics=metrics,
             model_names=names,
+            defaults=defaults,
             sockets=sockets,
         )
 
@@ -95,6 +103,12 @@ class ServerContext:
     @property
     def max_output_tokens(self) -> int | None:
         return self.cfg.max_output_tokens
+
+    def with_defaults(self, request: Any) -> Any:
+        """A decoded request (Responses or chat) with the model's sampling defaults in the
+        fields it omits."""
+        filled = self.defaults.fill(request.sampling)
+        return request if filled is request.sampling else replace(request, sampling=filled)
 
     def check_model(self, model: str) -> None:
         if model not in self.model_names:

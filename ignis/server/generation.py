@@ -34,18 +34,18 @@ from typing import Any
 from ignis.engine import FinishReason, RequestStream
 from ignis.output_parser import OutputParser
 from ignis.server.constraints import missing_call_message
-from protocol.deltas import Delta, ReasoningDelta, TextDelta
+from protocol.deltas import Delta, ReasoningDelta, TextDelta, ToolCallEnd
 from protocol.events import TokenLogprob
 from protocol.response import Usage
 
-__all__ = ["Outcome", "drive", "Emit"]
+__all__ = ["Outcome", "drive", "Emit", "client_closed"]
 
 Emit = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
 @dataclass
 class Outcome:
-    status: str  # completed | incomplete | cancelled | failed | timeout
+    status: str  # completed | incomplete | cancelled | failed | timeout | client_closed
     finish: FinishReason | None
     usage: Usage
     error: str | None = None
@@ -65,6 +65,12 @@ def _usage(out: Any, reasoning_tokens: int) -> Usage:
         reasoning_tokens=min(reasoning_tokens, kept),
         rewound_tokens=u.rewound_tokens,
     )
+
+
+def client_closed(final: Any, started: float) -> Outcome:
+    """How a turn ended whose client went away: its engine final output (ABORT, with the
+    usage of every token made for it) read after the fact."""
+    return Outcome("client_closed", final.finish_reason, _usage(final, 0), None, None, time.monotonic() - started)
 
 
 # Per tokenizer: token id -> (text, bytes). A step with top_logprobs names 1 + N ids,
@@ -215,9 +221,14 @@ async def drive(
     timeout_message: str = "Timed out.",
     timeout_code: str = "server_error",
     abort_error: str | None = None,
+    single_call: bool = False,
 ) -> Outcome:
-    """Consume `stream` to its end, emitting events as they come; return how it ended."""
+    """Consume `stream` to its end, emitting events as they come; return how it ended.
+
+    `single_call` (``parallel_tool_calls: false``): the output ends with the first tool
+    call: nothing the model writes after it is emitted, and the engine stops there."""
     ttft: float | None = None
+    cut = False  # single_call: the first call has ended; the rest is dropped
     router = _LogprobRouter() if logprobs else None
     reasoning_tokens = 0
     in_reasoning = parser.config.reasoning and parser.config.starts_in_reasoning
@@ -236,6 +247,15 @@ async def drive(
             if out.finish_reason is not FinishReason.ERROR:
                 tail = parser.finish()
                 deltas += router.attach(tail, parser.text_spans) if router is not None else tail
+        if single_call and deltas:
+            if cut:
+                deltas = []
+            else:
+                end = next((k for k, d in enumerate(deltas) if type(d) is ToolCallEnd), None)
+                if end is not None:
+                    deltas, cut = deltas[: end + 1], True
+                    if not out.finished:
+                        stream.abort()  # ends with ABORT, read below as the call's STOP
         if deltas:
             in_reasoning = all(type(d) is ReasoningDelta for d in deltas)
         if in_reasoning:
@@ -250,6 +270,8 @@ async def drive(
     else:  # the stream ended without a final output (cannot happen with RequestStream)
         events = []
     reason = final.finish_reason if final is not None else FinishReason.ERROR
+    if cut and reason is FinishReason.ABORT:
+        reason = FinishReason.STOP
     usage = _usage(final, reasoning_tokens)
     error = None
     required = parser.config.required_tools

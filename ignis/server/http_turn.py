@@ -17,10 +17,10 @@ from typing import Any
 from sanic import HTTPResponse, Request
 
 from ignis.output_parser import OutputParser
-from ignis.server.access import log_outcome
+from ignis.server.access import log_client_closed, log_outcome
 from ignis.server.context import ServerContext
 from ignis.server.errors import overloaded, refusal_response, shutting_down
-from ignis.server.generation import Outcome, drive
+from ignis.server.generation import Outcome, client_closed, drive
 from ignis.server.sse import open_sse
 
 log = logging.getLogger("ignis.server")
@@ -51,6 +51,7 @@ async def run_turn(
     trailer: str | None = None,
     timeout_code: str = "server_error",
     abort_error: str | None = None,
+    single_call: bool = False,
 ) -> Outcome | HTTPResponse:
     """Run the turn; an HTTPResponse (a 503) when the engine has no room or the server
     is shutting down. Over HTTP the engine aborts a turn only when the server shuts down
@@ -72,7 +73,8 @@ async def run_turn(
         return overloaded(ctx.cfg.retry_after)
     parser = OutputParser(prompt.parser)
     kw = dict(tokenizer=ctx.loaded.tokenizer, started=arrival, logprobs=params.logprobs,
-              timeout_message=timeout_message(key, limit), timeout_code=timeout_code, abort_error=abort_error)
+              timeout_message=timeout_message(key, limit), timeout_code=timeout_code, abort_error=abort_error,
+              single_call=single_call)
     route = f"{request.method} {request.path}"
     ctx.http_streams.add(stream)
     try:
@@ -92,8 +94,17 @@ async def run_turn(
             else:
                 outcome = await drive(stream, parser, encoder, _discard, **kw)
     except asyncio.CancelledError:
-        if ctx.cfg.access_log:
-            log.info("%s %s: client went away; aborted", route, encoder.id)
+        # The client went away (Sanic cancels the handler): the stream's exit aborted the
+        # engine side; its final output, when it comes, is counted and logged as a 499.
+        transport = "sse" if sse else "http"
+        request.ctx.client_closed = True
+
+        def gone(final: Any) -> None:
+            outcome = client_closed(final, arrival)
+            ctx.metrics.finished(endpoint, transport, outcome, outcome.elapsed)
+            log_client_closed(request, encoder.id, outcome, enabled=ctx.cfg.access_log)
+
+        stream.on_final(gone)
         raise
     finally:
         ctx.http_streams.discard(stream)

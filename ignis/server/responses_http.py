@@ -59,6 +59,7 @@ def prepare(ctx: ServerContext, request: ResponsesRequest, *, generation: bool =
 def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[ResponsesRequest, Any, Any]:
     req = decode_request(decode_json(raw), transport="http", reasoning_key=ctx.reasoning_key)
     ctx.check_model(req.model)
+    req = ctx.with_defaults(req)
     prompt, params = prepare(ctx, req)
     return req, prompt, params
 
@@ -70,7 +71,8 @@ async def create_response(request: Request) -> HTTPResponse | None:
     req, prompt, params = await asyncio.to_thread(_decode_and_prepare, ctx, request.body)
     enc = ResponseStream(req, reasoning_key=ctx.reasoning_key, emit=req.stream)
     outcome = await run_turn(request, ctx, endpoint="responses", sse=req.stream, prompt=prompt, params=params,
-                             encoder=enc, arrival=arrival, to_text=responses_text, start=enc.start)
+                             encoder=enc, arrival=arrival, to_text=responses_text, start=enc.start,
+                             single_call=not req.parallel_tool_calls)
     if isinstance(outcome, HTTPResponse):
         return outcome
     return None if req.stream else json_response(enc.response)

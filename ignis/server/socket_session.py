@@ -57,7 +57,7 @@ from ignis.output_parser import OutputParser
 from ignis.server.access import access_log, log_outcome
 from ignis.server.context import ServerContext
 from ignis.server.errors import engine_unavailable, shutting_down
-from ignis.server.generation import drive
+from ignis.server.generation import client_closed, drive
 from ignis.server.http_turn import timeout_message
 from ignis.server.responses_http import prepare
 from ignis.server.socket_intake import RefusedMessage
@@ -171,11 +171,18 @@ class Job:
                     tokenizer=ctx.loaded.tokenizer, started=self.arrival,
                     logprobs=bool(params and params.logprobs),
                     timeout_message=timeout_message("stream_timeout", limit),
+                    single_call=not req.parallel_tool_calls,
                 )
             except (_Gone, asyncio.CancelledError):
                 # The socket went away under the response (the engine side is aborted as the
-                # stream closes): it still counts, as cancelled.
-                ctx.metrics.requests.labels("responses", "socket", "cancelled").inc()
+                # stream closes): counted, with its tokens, once the engine's final output
+                # comes, as a client that closed (499).
+                def gone(final: Any) -> None:
+                    outcome = client_closed(final, self.arrival)
+                    ctx.metrics.finished("responses", "socket", outcome, outcome.elapsed)
+                    log_outcome("socket", self.id, outcome, stream_id=self.sid, enabled=ctx.cfg.access_log)
+
+                stream.on_final(gone)
                 raise
         s.remember(self.sid, self.id, items, enc)
         ctx.metrics.finished("responses", "socket", outcome, time.monotonic() - self.arrival)
@@ -303,6 +310,7 @@ class SocketSession:
         except Refusal as refusal:
             await self.error(refusal, sid)
             return
+        ev = replace(ev, request=self.ctx.with_defaults(ev.request))
         lane = self.lanes.get(sid)
         if lane is None:
             lane = self.lanes[sid] = Lane(sid)

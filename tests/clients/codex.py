@@ -1,7 +1,7 @@
 """Codex CLI 0.171 (npm, installed into tests/clients by `make test`) run against ignis.
 
 Also a command that writes a CODEX_HOME for your own use (see README):
-    python tests/clients/codex.py --home ~/.codex-ignis --model smollm2-135m --small-model
+    .venv/bin/python tests/clients/codex.py --home ~/.codex-ignis --model smollm2-135m --small-model
 
 `codex_home` writes the function-only setup of Codex's conformance recordings: a
 custom provider pointing at the server, a model catalog (so Codex sends function tools
@@ -104,7 +104,8 @@ SMALL_MODEL_INSTRUCTIONS = ("You are Codex, a coding agent. Answer the user brie
 def main() -> None:
     ap = argparse.ArgumentParser(description="Write a CODEX_HOME (config.toml + model catalog) for ignis.")
     ap.add_argument("--home", type=Path, required=True, help="the directory to write (then CODEX_HOME=it)")
-    ap.add_argument("--base-url", default="http://127.0.0.1:8000", help="the ignis server (without /v1)")
+    ap.add_argument("--base-url", default=os.environ.get("IGNIS_BASE_URL", "http://127.0.0.1:8000"),
+                    help="the ignis server, without /v1 (default: $IGNIS_BASE_URL, else http://127.0.0.1:8000)")
     ap.add_argument("--model", default="smollm2-135m", help="the model name ignis serves")
     ap.add_argument("--http", action="store_true", help="HTTP + SSE instead of the WebSocket mode")
     ap.add_argument("--small-model", action="store_true",
@@ -114,7 +115,7 @@ def main() -> None:
                       instructions=SMALL_MODEL_INSTRUCTIONS if args.small_model else None,
                       context_window=8192 if args.small_model else None, retries=True)
     print(f"wrote {home}/config.toml; run: CODEX_HOME={home} IGNIS_API_KEY=... codex exec "
-          "--disable goals --disable multi_agent \"PROMPT\"")
+          "--disable goals --disable multi_agent --skip-git-repo-check \"PROMPT\"")
 
 
 if __name__ == "__main__":

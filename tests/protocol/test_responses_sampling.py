@@ -88,3 +88,20 @@ def test_refusals(body, param):
     with pytest.raises(Refusal) as info:
         extract_sampling(body)
     assert info.value.param == param and info.value.status == 400
+
+
+@pytest.mark.parametrize("names", [None, CHAT_NAMES])
+def test_vllm_benchmark_extensions(names):
+    kw = {} if names is None else {"names": names}
+    limit = "max_output_tokens" if names is None else "max_tokens"
+    s = extract_sampling({"ignore_eos": True, "min_tokens": 8, limit: 8}, **kw)
+    assert (s.ignore_eos, s.min_tokens, s.max_output_tokens) == (True, 8, 8)
+    with pytest.raises(Refusal) as e:
+        extract_sampling({"ignore_eos": 1}, **kw)
+    assert e.value.param == "ignore_eos"
+    with pytest.raises(Refusal) as e:
+        extract_sampling({"min_tokens": -1}, **kw)
+    assert e.value.param == "min_tokens"
+    with pytest.raises(Refusal) as e:  # more than the output limit, as vLLM refuses it
+        extract_sampling({"min_tokens": 9, limit: 8}, **kw)
+    assert e.value.param == "min_tokens" and "9" in e.value.message

@@ -1,0 +1,171 @@
+"""The README, followed literally: every shell block of its set-up and connect sections
+(and the Python SDK block) runs here as written. The only changes are the port (a free
+one instead of 8000: `make serve` takes `ARGS` from the environment, the other blocks get
+the port replaced) and HOME (a temporary folder, so `~/.codex-ignis` is the test's).
+
+- Set up: `make serve` serves the embedded SmolLM2; the first-request block, with no
+  sampling fields, answers coherently and `completed`, and so do 20 more such requests,
+  each under the model's output cap. `make test` is the command CI runs (`.ci/run`); the
+  suite cannot run itself.
+- Connect: against the scripted model served under the name `smollm2-135m` with the key
+  `sk-local`, since those blocks print model text: Codex CLI (exec, then resume), the
+  OpenAI SDK over HTTP, SSE and the socket, and curl with server-sent events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SCRIPT = ROOT / "tests" / "clients" / "script.yaml"
+SCRIPTED_DEFAULT = "I have no scripted answer for that."
+
+
+def section(title: str) -> str:
+    """The README's text under the heading `title` (any level), to the next heading of the
+    same or a higher level."""
+    m = re.search(rf"^(#+) {re.escape(title)}.*$", README, re.M)
+    assert m, f"README has no section {title!r}"
+    level = len(m.group(1))
+    end = re.compile(rf"^#{{1,{level}}} ", re.M).search(README, m.end())
+    return README[m.end(): end.start() if end else len(README)]
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, re.M | re.S)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_port(block: str, port: int) -> str:
+    return block.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+
+
+class Process:
+    """A command started in its own process group, stopped with SIGINT (the server's
+    graceful drain), its output kept."""
+
+    def __init__(self, args: list[str] | str, env: dict[str, str], port: int, *, shell: bool = False) -> None:
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, shell=shell, start_new_session=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.output = ""
+
+    def wait_healthy(self, timeout: float = 600) -> None:
+        end = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, self.stop()
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < end, "the server did not come up"
+            time.sleep(0.5)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.output, _ = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.output, _ = self.proc.communicate()
+        return self.output
+
+
+def bash(block: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, f"{block}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
+    return out
+
+
+def base_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, HOME=str(tmp_path), NO_COLOR="1")
+    for var in ("TRITON_INTERPRET", "IGNIS_API_KEY", "ARGS", "MAKEFLAGS", "MAKELEVEL"):
+        env.pop(var, None)
+    return env
+
+
+def test_set_up_is_the_two_commands_and_ci_runs_the_second():
+    setup = blocks(section("Set up (two commands, fresh machine)"), "sh")
+    commands = [line.split("#")[0].strip() for line in setup[0].splitlines()]
+    assert commands == ["make serve", "make test"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", ci, re.M)
+
+
+@pytest.mark.slow
+def test_quick_start_as_written(tmp_path: Path):
+    setup = section("Set up (two commands, fresh machine)")
+    first_request = blocks(setup, "sh")[1]
+    port = free_port()
+    env = base_env(tmp_path)
+    env["ARGS"] = f"server.port={port}"  # make takes ARGS from the environment
+    server = Process(["make", "serve"], env, port)
+    try:
+        server.wait_healthy()
+        answer = json.loads(bash(with_port(first_request, port), env).stdout)
+        assert answer["status"] == "completed", answer
+        assert "Paris" in answer["output"][0]["content"][0]["text"], answer["output"]
+        assert (answer["temperature"], answer["top_p"], answer["max_output_tokens"]) == (0.2, 0.9, 512)
+
+        # Twenty more plain requests (no sampling fields): each completes under the cap.
+        body = json.loads(re.search(r"-d '(\{.*\})'", first_request).group(1))
+
+        def ask(_: int) -> dict:
+            return httpx.post(server.base_url + "/v1/responses", json=body, timeout=300).json()
+
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(ask, range(20)))
+        ended = [(r["status"], r["usage"]["output_tokens"]) for r in replies]
+        assert all(status == "completed" and n < 512 for status, n in ended), ended
+    finally:
+        log = server.stop()
+    assert "sampling defaults: temperature=0.2 (model.sampling), top_p=0.9 (model.sampling)" in log, log[-3000:]
+    assert body["input"] not in log  # no prompt text in the logs
+
+
+@pytest.mark.slow
+def test_connect_blocks_as_written(tmp_path: Path):
+    connect = section("Connect a client")
+    shell, python = blocks(connect, "sh"), blocks(connect, "python")
+    assert len(shell) == 2 and len(python) == 1, "update this test with the README's blocks"
+    port = free_port()
+    env = base_env(tmp_path)
+    env["IGNIS_BASE_URL"] = f"http://127.0.0.1:{port}"
+    server = Process([sys.executable, "-m", "ignis.serve", "+model=scripted", f"model.script={SCRIPT}",
+                      "model.name=smollm2-135m", "server.api_key=sk-local", f"server.port={port}"], env, port)
+    try:
+        server.wait_healthy()
+        codex, curl = (with_port(b, port) for b in shell)
+        out = bash(codex, env)
+        assert out.stdout.count(SCRIPTED_DEFAULT) == 2, out.stdout + out.stderr  # exec, then resume --last
+        assert (tmp_path / ".codex-ignis" / "config.toml").is_file()
+        sdk = subprocess.run([sys.executable, "-c", with_port(python[0], port)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert sdk.returncode == 0, sdk.stderr
+        assert sdk.stdout.count(SCRIPTED_DEFAULT) == 2, sdk.stdout  # responses.create, then the stream
+        sse = bash(curl, env).stdout
+        assert "event: response.completed" in sse and SCRIPTED_DEFAULT.split()[0] in sse
+    finally:
+        log = server.stop()
+    assert "sk-local" not in log
