@@ -115,7 +115,10 @@ class Intake:
         self.pending_refusal: Refusal | None = None
 
     def allowance(self) -> int:
-        """How many inflated bytes the next frame of this message may have."""
+        """How many inflated bytes the next frame of this message may have (none once the
+        message is refused: its frames are only inflated to be thrown away)."""
+        if self._skipping:
+            return 0
         return max(0, min(self.max_message - self._size, self.buffers.free))
 
     def refusal_for(self, size: int) -> Refusal:

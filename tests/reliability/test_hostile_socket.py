@@ -24,6 +24,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import pytest
@@ -206,3 +207,40 @@ def test_inflated_frames_do_not_stay(tiny_server_model):
         output = log.read()
         log.close()
     assert "Traceback" not in output, output[-3000:]
+
+
+@pytest.mark.parametrize("fragmented", [False, True])
+def test_deflate_stays_in_step_after_a_refused_frame(fragmented):
+    """A compressed frame refused for its size is inflated to nothing, to its end: the next
+    message, compressed against the same (context-takeover) window, still decodes."""
+    from websockets.frames import OP_CONT, OP_TEXT, Frame
+
+    from ignis.server.socket_intake import BudgetedDeflate, Intake, IntakeHook, RefusedMessage, SocketBuffers
+
+    intake = Intake(SocketBuffers(1 << 20), 64 * 1024)
+    ext = BudgetedDeflate(False, False, 15, 15)
+    ext.intake = intake
+    hook = IntakeHook(intake)
+    c = zlib.compressobj(wbits=-15)  # one stream for every message, as clients with context takeover send
+
+    def send(opcode: Any, data: bytes, *, fin: bool = True, first: bool = True) -> None:
+        payload = c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH)
+        if fin:
+            payload = payload[:-4]
+        out = hook.decode(ext.decode(Frame(opcode, payload, fin, first), max_size=None), max_size=None)
+        assert out.data == b""  # the parser keeps nothing
+
+    bomb = b"x" * (8 << 20)
+    if fragmented:
+        send(OP_TEXT, b'{"type": "response.create", "input": "', fin=False)
+        send(OP_CONT, bomb, fin=False, first=False)
+        send(OP_CONT, b'"}', first=False)
+    else:
+        send(OP_TEXT, b'{"input": "' + bomb + b'"}')
+    refused = intake.next()
+    assert isinstance(refused, RefusedMessage) and refused.refusal.code == "request_too_large", refused
+    assert intake.next() is None and intake.buffers.used == 0
+    send(OP_TEXT, b'{"input": "xxxxxxxxxxxxxxxx and more"}')  # refers back into the bomb's window
+    assert intake.next() == '{"input": "xxxxxxxxxxxxxxxx and more"}'
+    intake.close()
+    assert intake.buffers.used == 0
