@@ -14,10 +14,10 @@ leaves its first fragment behind. Here instead:
   server-wide `SocketBuffers` past ``server.socket_buffer_bytes``, is refused at once:
   what it had buffered is dropped, the rest of its frames are discarded as they come,
   and the reader gets a `RefusedMessage` (an ``error`` event for the client).
-- `BudgetedDeflate` inflates a compressed frame only up to what the message may still
-  take; past it, the rest of the frame is inflated in small pieces and thrown away (the
-  zlib stream must stay in step for the next message), so a zip bomb costs CPU, not
-  memory.
+- `BudgetedDeflate` inflates a compressed frame in bounded pieces and keeps only up to
+  what the message may still take; past it, the rest of the frame is inflated and thrown
+  away (the zlib stream must stay in step for the next message), so a zip bomb costs
+  CPU, not memory.
 - Invalid UTF-8 in a text message: the message is refused with an ``error`` event
   (``invalid_frame``), and the socket stays open. RFC 6455 (8.1) says to fail the
   connection, but the framing itself is intact, so nothing after it is misread; an error
@@ -33,24 +33,23 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.exceptions import PayloadTooBig
 from websockets.extensions.base import Extension
 from websockets.extensions.permessage_deflate import PerMessageDeflate, ServerPerMessageDeflateFactory
-from websockets.frames import OP_BINARY, OP_CONT, OP_TEXT, Frame
+from websockets.frames import Frame, Opcode
 from websockets.typing import ExtensionName
 
 from protocol.errors import Refusal
 
-__all__ = ["SocketBuffers", "RefusedMessage", "Intake", "IntakeHook", "BudgetedDeflateFactory"]
+__all__ = ["SocketBuffers", "RefusedMessage", "Intake", "IntakeHook", "BudgetedDeflate", "BudgetedDeflateFactory",
+           "DATA_OPCODES"]
 
-_DATA = (OP_TEXT, OP_BINARY, OP_CONT)
-_DRAIN_PIECE = 64 * 1024  # bytes inflated at a time while throwing a refused frame away
-_EMPTY_BLOCK = b"\x00\x00\xff\xff"  # what permessage-deflate strips from each message's end
+DATA_OPCODES = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+_IN_PIECE = 64 * 1024  # compressed bytes fed to zlib at a time (its unconsumed tail is copied each call)
+_OUT_PIECE = 1 << 20  # inflated bytes asked of zlib at a time
 
 
 class SocketBuffers:
@@ -129,10 +128,10 @@ class Intake:
         """A data frame, decoded: keep its payload in the message, or refuse the message."""
         if self.closed:
             return
-        if frame.opcode is not OP_CONT:  # a new message
+        if frame.opcode is not Opcode.CONT:  # a new message
             self._drop()
             self._skipping = False
-            self._decoder = codecs.getincrementaldecoder("utf-8")("strict") if frame.opcode is OP_TEXT else None
+            self._decoder = codecs.getincrementaldecoder("utf-8")("strict") if frame.opcode is Opcode.TEXT else None
         refusal, self.pending_refusal = self.pending_refusal, None
         if not self._skipping and refusal is None:
             n = len(frame.data)
@@ -206,7 +205,7 @@ class IntakeHook(Extension):
         self.intake = intake
 
     def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
-        if frame.opcode not in _DATA:
+        if frame.opcode not in DATA_OPCODES:
             return frame
         self.intake.take(frame)
         return Frame(frame.opcode, b"", frame.fin)
@@ -215,44 +214,75 @@ class IntakeHook(Extension):
         return frame
 
 
+class _BoundedInflater:
+    """Stands in for the zlib decompressor `PerMessageDeflate.decode` calls: inflates all the
+    input it is given, in pieces, and returns at most `limit` bytes of it; past that it
+    keeps nothing and records the overflow. It never leaves input unconsumed (so zlib stays
+    in step with the sender's stream, and the parent never sees a tail to refuse)."""
+
+    unconsumed_tail = b""
+
+    def __init__(self, real: Any, owner: BudgetedDeflate) -> None:
+        self.real = real
+        self.owner = owner  # holds this frame's limit, and where the overflow is recorded
+
+    def decompress(self, data: Any, max_length: int = 0) -> bytes:
+        del max_length  # the parent's limit: ours is `limit`
+        view = memoryview(data)
+        owner = self.owner
+        keep: list[bytes] = []
+        kept = 0
+        for at in range(0, max(len(view), 1), _IN_PIECE):
+            pending: Any = view[at : at + _IN_PIECE]
+            while True:
+                chunk = self.real.decompress(pending, _OUT_PIECE)
+                if not owner.overflow:
+                    if kept + len(chunk) <= owner.limit:
+                        keep.append(chunk)
+                        kept += len(chunk)
+                    else:
+                        owner.overflow = True
+                        keep = []
+                pending = self.real.unconsumed_tail
+                if not pending and len(chunk) < _OUT_PIECE:
+                    break
+        return b"".join(keep)
+
+
 class BudgetedDeflate(PerMessageDeflate):
-    """permessage-deflate that inflates at most what the message may still take."""
+    """permessage-deflate that keeps at most what the message may still take (websockets'
+    own decode, over a `_BoundedInflater`)."""
 
     intake: Intake
+    _inflater: _BoundedInflater | None = None
+    limit = 0  # inflated bytes the frame being decoded may keep
+    overflow = False  # whether it had more
+
+    # The parent assigns, replaces (no context takeover) and deletes `self.decoder`.
+    @property  # type: ignore[override]
+    def decoder(self) -> _BoundedInflater | None:
+        return self._inflater
+
+    @decoder.setter
+    def decoder(self, real: Any) -> None:
+        self._inflater = _BoundedInflater(real, self)
+
+    @decoder.deleter
+    def decoder(self) -> None:
+        self._inflater = None
 
     def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
-        if frame.opcode not in _DATA:
+        if frame.opcode not in DATA_OPCODES:
             return frame
         allowed = self.intake.allowance()
         if max_size is not None:
             allowed = min(allowed, max_size)
-        try:
-            # max_size 0 would mean "no limit" to the parent: ask for 1 byte at least, and
-            # check the result below.
-            out = super().decode(frame, max_size=max(allowed, 1))
-        except PayloadTooBig:
-            self._drain(frame)
+        self.limit, self.overflow = allowed, False
+        out = super().decode(frame, max_size=None)
+        if self.overflow:
             self.intake.pending_refusal = self.intake.refusal_for(allowed + 1)
             return Frame(frame.opcode, b"", frame.fin)
-        if len(out.data) > allowed:
-            self.intake.pending_refusal = self.intake.refusal_for(len(out.data))
-            return Frame(frame.opcode, b"", frame.fin)
         return out
-
-    def _drain(self, frame: Frame) -> None:
-        """Inflate the rest of a refused frame into nothing, keeping zlib's state in step."""
-        decoder = self.decoder
-        try:
-            # Until the input is used up and zlib has no output left pending either.
-            while len(decoder.decompress(decoder.unconsumed_tail, _DRAIN_PIECE)) == _DRAIN_PIECE \
-                    or decoder.unconsumed_tail:
-                pass
-            if frame.fin and len(frame.data) >= 2044:  # the parent appends the end block to short frames only
-                decoder.decompress(_EMPTY_BLOCK)
-        except zlib.error:
-            pass  # a corrupt stream: the next frame fails the connection as it would have
-        if frame.fin and self.remote_no_context_takeover:
-            del self.decoder
 
 
 class BudgetedDeflateFactory(ServerPerMessageDeflateFactory):

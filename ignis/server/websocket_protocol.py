@@ -32,14 +32,14 @@ from sanic.exceptions import SanicException
 from sanic.log import websockets_logger
 from sanic.server.protocols.websocket_protocol import WebSocketProtocol
 from sanic.server.websockets.impl import WebsocketImplProtocol
-from websockets.frames import OP_BINARY, OP_CONT, OP_TEXT, Frame
+from websockets.frames import Frame
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.typing import Subprotocol
 
 from ignis.server.auth import is_key_entry
 from ignis.server.connections import ConnectionLimits
-from ignis.server.socket_intake import BudgetedDeflateFactory, Intake, IntakeHook, RefusedMessage
+from ignis.server.socket_intake import DATA_OPCODES, BudgetedDeflateFactory, Intake, IntakeHook, RefusedMessage
 
 __all__ = ["IgnisWebSocketProtocol", "select_subprotocol"]
 
@@ -62,7 +62,7 @@ class IgnisWebsocket(WebsocketImplProtocol):
 
     async def process_events(self, events):  # noqa: ANN001, ANN201
         # Data frames arrive empty (their payloads went to the intake as they were decoded).
-        await super().process_events([e for e in events if not (isinstance(e, Frame) and e.opcode in _DATA)])
+        await super().process_events([e for e in events if not (isinstance(e, Frame) and e.opcode in DATA_OPCODES)])
 
     def data_received(self, data):  # noqa: ANN001, ANN201
         super().data_received(data)
@@ -95,8 +95,6 @@ class IgnisWebsocket(WebsocketImplProtocol):
                 if not done:
                     return None  # timed out
 
-
-_DATA = (OP_TEXT, OP_BINARY, OP_CONT)
 
 
 class IgnisWebSocketProtocol(ConnectionLimits, WebSocketProtocol):

@@ -213,7 +213,7 @@ def test_inflated_frames_do_not_stay(tiny_server_model):
 def test_deflate_stays_in_step_after_a_refused_frame(fragmented):
     """A compressed frame refused for its size is inflated to nothing, to its end: the next
     message, compressed against the same (context-takeover) window, still decodes."""
-    from websockets.frames import OP_CONT, OP_TEXT, Frame
+    from websockets.frames import Frame, Opcode
 
     from ignis.server.socket_intake import BudgetedDeflate, Intake, IntakeHook, RefusedMessage, SocketBuffers
 
@@ -232,15 +232,15 @@ def test_deflate_stays_in_step_after_a_refused_frame(fragmented):
 
     bomb = b"x" * (8 << 20)
     if fragmented:
-        send(OP_TEXT, b'{"type": "response.create", "input": "', fin=False)
-        send(OP_CONT, bomb, fin=False, first=False)
-        send(OP_CONT, b'"}', first=False)
+        send(Opcode.TEXT, b'{"type": "response.create", "input": "', fin=False)
+        send(Opcode.CONT, bomb, fin=False, first=False)
+        send(Opcode.CONT, b'"}', first=False)
     else:
-        send(OP_TEXT, b'{"input": "' + bomb + b'"}')
+        send(Opcode.TEXT, b'{"input": "' + bomb + b'"}')
     refused = intake.next()
     assert isinstance(refused, RefusedMessage) and refused.refusal.code == "request_too_large", refused
     assert intake.next() is None and intake.buffers.used == 0
-    send(OP_TEXT, b'{"input": "xxxxxxxxxxxxxxxx and more"}')  # refers back into the bomb's window
+    send(Opcode.TEXT, b'{"input": "xxxxxxxxxxxxxxxx and more"}')  # refers back into the bomb's window
     assert intake.next() == '{"input": "xxxxxxxxxxxxxxxx and more"}'
     intake.close()
     assert intake.buffers.used == 0
