@@ -146,8 +146,21 @@ class ServerConfig:
     reasoning_key: str | None = None
     # Seconds a 503 (engine full, HTTP) asks the client to wait (Retry-After).
     retry_after: int = 1
-    # Browser origins allowed by CORS ("*" = any); empty = no CORS headers.
+    # Browser origins allowed by CORS ("*" = any); empty = no CORS headers. A WebSocket
+    # upgrade that sends an Origin must come from the server's own origin or one of these.
     cors_origins: list[str] = field(default_factory=list)
+    # Bound to a loopback address, the server answers only to loopback Host names
+    # (localhost, 127.0.0.1, [::1]) and these ("*" = any): DNS rebinding protection.
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Seconds a client has to send a whole request head and body, from its first byte
+    # (a client trickling one header line at a time is cut there with 408).
+    receive_timeout: float = 60.0
+    # Open connections (HTTP and WebSocket) at most; one more is answered 503 and closed.
+    max_connections: int = 512
+    # Server-wide bound on WebSocket message bytes (inflated) received and not yet
+    # handled; a frame that would pass it is dropped with an error event. At least
+    # max_request_bytes.
+    socket_buffer_bytes: int = 256 * 1024 * 1024
     # One INFO line per request / socket (no keys, no prompt text).
     access_log: bool = True
     # Seconds running responses get to finish after SIGTERM / SIGINT; the ones still

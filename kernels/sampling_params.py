@@ -37,6 +37,7 @@ import torch
 GREEDY_EPS = 1e-5
 
 _U64 = (1 << 64) - 1
+_INT32_MAX = 2**31 - 1
 
 
 def _as_int64(seed: int) -> int:
@@ -113,7 +114,8 @@ class SamplingTensors:
             return values
 
         temps = col(temperature, 1.0, "temperature")
-        ks = [max(int(k), 0) for k in col(top_k, 0, "top_k")]  # -1 (off) -> 0
+        # -1 (off) -> 0; a value past int32 means "no limit" as any value >= V does.
+        ks = [min(max(int(k), 0), _INT32_MAX) for k in col(top_k, 0, "top_k")]
         ps = col(top_p, 1.0, "top_p")
         mps = col(min_p, 0.0, "min_p")
         reps = col(repetition_penalty, 1.0, "repetition_penalty")

@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -166,6 +166,11 @@ class LLMEngine:
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in flight")
         params.validate()
+        if params.top_k >= self.vocab_size:
+            # A top_k as large as the vocabulary keeps every token: off, as vLLM clips it. Left
+            # as is, a huge value (>= 2**31) overflows the sampler's int32 column and sends the
+            # whole batch to the row-by-row fallback, and any value >= V costs a sort for nothing.
+            params = replace(params, top_k=0)
         prompt = [int(t) for t in prompt_token_ids]
         if not prompt:
             raise ValueError("the prompt is empty")

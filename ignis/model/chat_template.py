@@ -290,6 +290,29 @@ class ChatTemplate:
 # --- tokenizing a conversation ------------------------------------------------------------------
 
 
+class PromptTooLong(ValueError):
+    """The rendered text is surely longer than the token limit (checked on characters,
+    before tokenizing): `chars` characters."""
+
+    def __init__(self, chars: int) -> None:
+        super().__init__(f"the rendered prompt has {chars} characters, more than the token limit can hold")
+        self.chars = chars
+
+
+def _check_length(tokenizer: Any, chars: int, text: str | list[str], max_chars: int | None) -> None:
+    """Raise PromptTooLong when `chars` characters cannot fit `max_chars` (see
+    `Tokenizer.max_token_bytes`); a normalizing pipeline is measured after normalization,
+    and only in that rare over-long case."""
+    if max_chars is None or chars <= max_chars:
+        return
+    measure = getattr(tokenizer, "normalized_length", None)
+    if measure is not None:
+        chars = measure(text) if isinstance(text, str) else sum(measure(t) for t in text)
+        if chars <= max_chars:
+            return
+    raise PromptTooLong(chars)
+
+
 def encode_chat(
     tokenizer: Tokenizer,
     template: ChatTemplate,
@@ -300,6 +323,7 @@ def encode_chat(
     enable_thinking: bool | None = None,
     token_cache: TokenCache | None = None,
     token_count: TokenCount | None = None,
+    max_chars: int | None = None,
     **kwargs: Any,
 ) -> list[int]:
     """Render and tokenize a conversation. Special tokens come only from the template's own
@@ -324,6 +348,7 @@ def encode_chat(
 
     `token_cache` (an `ignis.model.token_cache.TokenCache` of this tokenizer) gives the same
     ids while tokenizing only text it has not seen; `token_count` adds up what it did.
+    `max_chars`: raise `PromptTooLong` instead of tokenizing a text longer than this.
     """
     def render(messages_: Any, tools_: Any, kwargs_: dict[str, Any]) -> str:
         return template.render(
@@ -339,6 +364,7 @@ def encode_chat(
     )
     if not originals:  # the ordinary case: one pass, exactly as transformers tokenizes
         text = render(messages, tools, kwargs)
+        _check_length(tokenizer, len(text), text, max_chars)
         if token_cache is not None:
             return token_cache.encode(text, token_count)
         ids = tokenizer.encode(text, special=True, add_bos=False)
@@ -350,6 +376,8 @@ def encode_chat(
     starts = [0] + [end for _, end, _ in spans]
     stops = [start for start, _, _ in spans] + [len(text)]
     pieces = [Neutralizer.restore(text[a:b], originals) for a, b in zip(starts, stops)]
+    # Each added-token span is one token, so the plain pieces alone bound the count from below.
+    _check_length(tokenizer, sum(map(len, pieces)), pieces, max_chars)
     if token_cache is not None:
         plain = token_cache.encode_plain(pieces, token_count)
     else:

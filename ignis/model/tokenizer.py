@@ -213,6 +213,7 @@ class Tokenizer:
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         self.cuts_at_word_spaces = _cuts_at_word_spaces(spec)
         self._token_bytes: list[bytes] | None = None
+        self._max_token_bytes: int | None = None
 
         added = self._full.get_added_tokens_decoder()
         self.added_tokens: dict[str, int] = {t.content: i for i, t in added.items()}
@@ -424,6 +425,23 @@ class Tokenizer:
         if table is None:
             table = self._token_bytes = self._byte_table()
         return table[token_id] if 0 <= token_id < len(table) else b""
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        """The most UTF-8 bytes one token stands for (added tokens included), on a byte-level
+        vocabulary; None elsewhere. A text of N characters (at least N bytes) is then at
+        least N / max_token_bytes tokens: the cheap bound checked before tokenizing."""
+        if not self._byte_level:
+            return None
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(1, max(len(self.token_bytes(i)) for i in range(self.vocab_size)))
+        return self._max_token_bytes
+
+    def normalized_length(self, text: str) -> int:
+        """Characters of `text` after the pipeline's normalizer (Qwen2's NFC can compose a few
+        characters into one), which is what the tokens cover."""
+        normalizer = self._full.normalizer
+        return len(text) if normalizer is None else len(normalizer.normalize_str(text))
 
     def _byte_table(self) -> list[bytes]:
         unspell = {c: b for b, c in byte_to_unicode().items()}

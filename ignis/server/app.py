@@ -27,14 +27,16 @@ from sanic import HTTPResponse, Request, Sanic
 from ignis.config import IgnisConfig, ServerConfig
 from ignis.engine import AsyncEngine
 from ignis.model.loader import LoadedModel
-from ignis.server import access, admin, auth
+from ignis.server import access, admin, auth, guard
 from ignis.server.chat_http import create_chat_completion
+from ignis.server.connections import connection_cap
 from ignis.server.context import ServerContext
 from ignis.server.errors import error_handler, json_response, model_not_found, refusal_response, shutting_down
 from ignis.server.metrics import CONTENT_TYPE
 from ignis.server.playground_routes import add_playground
 from ignis.server.responses_http import create_response
 from ignis.server.shutdown import drain
+from ignis.server.socket_intake import SocketBuffers
 from ignis.server.socket_session import responses_socket
 
 __all__ = ["create_app"]
@@ -61,6 +63,9 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     # for the connections left: only idle keep-alive ones remain.
     app.config.GRACEFUL_SHUTDOWN_TIMEOUT = 1.0
     app.config.RESPONSE_TIMEOUT = _SANIC_RESPONSE_TIMEOUT
+    # Sanic's idle timer while a request arrives; the whole request's deadline is ours
+    # (connections.py), with the same value.
+    app.config.REQUEST_TIMEOUT = float(server_cfg.receive_timeout)
     app.config.ACCESS_LOG = False  # ours is `ignis.access`
     app.config.NOISY_EXCEPTIONS = False
     app.config.FALLBACK_ERROR_FORMAT = "json"
@@ -71,6 +76,10 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
     ctx = ServerContext.build(server_cfg, loaded, engine,
                               sampling=cfg.model.sampling if isinstance(cfg, IgnisConfig) else None)
     app.ctx.ignis = ctx
+    if server_cfg.socket_buffer_bytes < server_cfg.max_request_bytes:
+        raise ValueError("server.socket_buffer_bytes must be at least server.max_request_bytes (one whole message)")
+    app.ctx.socket_buffers = SocketBuffers(server_cfg.socket_buffer_bytes)
+    app.ctx.connection_cap = connection_cap(int(server_cfg.max_connections))
     if ctx.api_key is None:
         log.warning("no API key set (server.api_key / IGNIS_API_KEY): every route is open")
 
@@ -146,6 +155,10 @@ def _cors_headers(ctx: ServerContext, request: Request) -> dict[str, str]:
 async def _before(request: Request) -> HTTPResponse | None:
     await access.on_request(request)
     ctx: ServerContext = request.app.ctx.ignis
+    refused = guard.check_request(request, ctx.cfg)
+    if refused is not None:
+        ctx.metrics.refused(_endpoint(request.path), refused.status)
+        return refused
     if request.method == "OPTIONS" and request.headers.get("access-control-request-method"):
         headers = _cors_headers(ctx, request)
         return HTTPResponse(status=204, headers=headers) if headers else None

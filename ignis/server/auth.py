@@ -22,7 +22,7 @@ from sanic import HTTPResponse, Request
 from ignis.server.errors import refusal_response, unauthorized
 from protocol.errors import Refusal
 
-__all__ = ["KEY_SUBPROTOCOL_PREFIX", "resolve_api_key", "offered_subprotocols", "check_request", "is_protected"]
+__all__ = ["KEY_SUBPROTOCOL_PREFIX", "is_key_entry", "resolve_api_key", "offered_subprotocols", "check_request", "is_protected"]
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -40,6 +40,12 @@ def offered_subprotocols(headers: object) -> list[str]:
     return [p.strip() for v in values for p in v.split(",") if p.strip()]
 
 
+def is_key_entry(entry: str) -> bool:
+    """The subprotocol entry that carries the key, in any casing (header tokens are
+    case-insensitive to some clients; the key itself is not)."""
+    return entry[: len(KEY_SUBPROTOCOL_PREFIX)].lower() == KEY_SUBPROTOCOL_PREFIX
+
+
 def _bearer(request: Request) -> str | None:
     value = request.headers.get("authorization")
     if not value:
@@ -54,7 +60,7 @@ def _upgrade_key(request: Request) -> str | None:
     if request.headers.get("upgrade", "").lower() != "websocket":
         return None
     for entry in offered_subprotocols(request.headers):
-        if entry.startswith(KEY_SUBPROTOCOL_PREFIX):
+        if is_key_entry(entry):
             return entry[len(KEY_SUBPROTOCOL_PREFIX):] or None
     return None
 

@@ -42,7 +42,7 @@ def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
     ctx.check_model(req.model)
     req = ctx.with_defaults(req)
     prompt = ctx.renderer.render(req.messages, req.tools, req.tool_choice, thinking=req.sampling.thinking,
-                                 param="messages")
+                                 param="messages", max_tokens=ctx.max_model_len - 1)
     prompt, constraint = constrain_output(prompt, req.tool_choice, req.tools, ctx.loaded.tokenizer,
                                           ctx.loaded.config.vocab_size, think_budget=req.sampling.thinking_budget,
                                           stop=req.sampling.stop or ())

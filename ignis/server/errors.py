@@ -30,6 +30,7 @@ __all__ = [
     "unauthorized",
     "model_not_found",
     "context_too_long",
+    "text_too_long",
 ]
 
 
@@ -79,9 +80,15 @@ def shutting_down(retry_after: int) -> Refusal:
                    code="server_shutting_down", type="server_error", status=503)
 
 
+# The unknown name is echoed up to this many characters: a client's multi-megabyte
+# `model` must not come back (nor be logged) whole.
+MODEL_ECHO_CHARS = 64
+
+
 def model_not_found(model: str, served: tuple[str, ...]) -> Refusal:
+    shown = model if len(model) <= MODEL_ECHO_CHARS else model[:MODEL_ECHO_CHARS] + f"... ({len(model)} characters)"
     return Refusal(
-        f"The model '{model}' does not exist; this server serves {', '.join(repr(m) for m in served)}.",
+        f"The model '{shown}' does not exist; this server serves {', '.join(repr(m) for m in served)}.",
         param="model",
         code="model_not_found",
         status=404,
@@ -92,6 +99,16 @@ def context_too_long(tokens: int, limit: int, param: str) -> Refusal:
     return Refusal(
         f"This model's maximum context length is {limit} tokens; your {param} has {tokens} tokens "
         "(the context must also hold at least one output token).",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def text_too_long(chars: int, max_tokens: int, param: str) -> Refusal:
+    """Refused before tokenizing: `chars` characters cannot fit in `max_tokens` tokens."""
+    return Refusal(
+        f"This model's maximum context length is {max_tokens} prompt tokens; your {param} renders to {chars} "
+        "characters, more than that many tokens can hold.",
         param=param,
         code="context_length_exceeded",
     )

@@ -33,10 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ignis.model.chat_template import ChatTemplate, ChatTemplateError, encode_chat
+from ignis.model.chat_template import ChatTemplate, ChatTemplateError, PromptTooLong, encode_chat
 from ignis.model.token_cache import TokenCache, TokenCount
 from ignis.model.tokenizer import Tokenizer
 from ignis.output_parser import ParserConfig
+from ignis.server.errors import text_too_long
 from protocol.conversation import (
     ChatMessage,
     FunctionTool,
@@ -198,8 +199,12 @@ class Renderer:
         generation: bool = True,
         param: str = "input",
         count: TokenCount | None = None,
+        max_tokens: int | None = None,
     ) -> list[int]:
+        """The prompt's ids; raises `PromptTooLong` (before tokenizing) when the rendered text
+        has more characters than `max_tokens` of the longest token could cover."""
         msgs, native = self.adapt(messages, tools, choice)
+        longest = getattr(self.tokenizer, "max_token_bytes", None)
         try:
             return encode_chat(
                 self.tokenizer,
@@ -210,6 +215,7 @@ class Renderer:
                 enable_thinking=thinking,
                 token_cache=self.token_cache,
                 token_count=count,
+                max_chars=max_tokens * longest if max_tokens is not None and longest else None,
             )
         except ChatTemplateError as exc:
             if exc.raised:  # the template refused this conversation: the client's to fix
@@ -234,20 +240,35 @@ class Renderer:
         oldest non-system messages until the prompt fits in `max_tokens`."""
         messages = list(messages)
         count = TokenCount()
-        ids = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param, count=count)
+        over: PromptTooLong | None = None  # set while the prompt is surely over max_tokens
+
+        def encode() -> list[int]:
+            nonlocal over
+            try:
+                out = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param,
+                                  count=count, max_tokens=max_tokens)
+            except PromptTooLong as exc:
+                over = exc
+                return []
+            over = None
+            return out
+
+        ids = encode()
         dropped = 0
         if truncate and max_tokens is not None:
-            while len(ids) > max_tokens:
+            while over is not None or len(ids) > max_tokens:
                 first = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), None)
                 if first is None or first == len(messages) - 1:
                     break  # only the last message left: the caller refuses
                 del messages[first]
                 dropped += 1
                 try:
-                    ids = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param,
-                                      count=count)
+                    ids = encode()
                 except Refusal:
                     continue  # e.g. a tool result without its call: drop more
+        if over is not None:
+            assert max_tokens is not None
+            raise text_too_long(over.chars, max_tokens, param)
         if not ids:
             raise Refusal(f"The rendered prompt is empty: '{param}' has nothing to answer.", param=param,
                           code="empty_array")

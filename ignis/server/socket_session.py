@@ -30,8 +30,9 @@ Rules (one `SocketSession` per connection):
   status ``cancelled`` (a ``response.incomplete`` event). Closing the socket cancels
   everything it had; the engine frees their KV blocks.
 - ``response.steer`` -> ``error`` ``steering_not_supported``. A bad frame (not JSON,
-  binary, unknown type, over server.max_request_bytes, a refused request) -> an ``error``
-  frame; the socket stays open.
+  not UTF-8, binary, unknown type, over server.max_request_bytes, over the server-wide
+  server.socket_buffer_bytes, a refused request) -> an ``error`` frame; the socket stays
+  open (see socket_intake.py).
 - No time limit on the connection. Idle close: nothing live (running, queued or
   waiting) and no text or binary frame from the client (pings do not count) for
   server.socket_idle_close seconds (counted from the later of the last frame and the
@@ -59,6 +60,7 @@ from ignis.server.errors import engine_unavailable, shutting_down
 from ignis.server.generation import client_closed, drive
 from ignis.server.http_turn import timeout_message
 from ignis.server.responses_http import prepare
+from ignis.server.socket_intake import RefusedMessage
 from protocol import ids
 from protocol.decode import decode_item
 from protocol.errors import Refusal
@@ -272,16 +274,15 @@ class SocketSession:
                     continue
                 self.last_frame = time.monotonic()
                 await self._on_frame(data)
+                data = None  # answered: not held while waiting for the next one
         finally:
             self.closing = True
             watchdog.cancel()
             self._cancel_everything()
 
-    async def _on_frame(self, data: str | bytes) -> None:
-        limit = self.ctx.cfg.max_request_bytes
-        if len(data) * 4 > limit and len(data.encode("utf-8") if isinstance(data, str) else data) > limit:
-            await self.error(Refusal(f"The message is too large: at most {limit} bytes (server.max_request_bytes).",
-                                     param=None, code="request_too_large", status=413))
+    async def _on_frame(self, data: str | bytes | RefusedMessage) -> None:
+        if isinstance(data, RefusedMessage):  # too large, over the server's buffer budget, not UTF-8
+            await self.error(data.refusal)
             return
         if not isinstance(data, str):
             await self.error(Refusal("Binary frames are not supported: send each event as a JSON text frame.",

@@ -17,7 +17,9 @@ TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 ENVELOPE = {"message", "type", "param", "code"}
 # Refusals with no single offending value: the body or frame as a whole is at fault.
 PARAMLESS = {"invalid_json", "invalid_frame", "request_too_large", "invalid_api_key", "engine_overloaded",
-             "engine_unavailable", "server_shutting_down", "unknown_url", "method_not_allowed"}
+             "engine_unavailable", "server_shutting_down", "unknown_url", "method_not_allowed", "forbidden_origin",
+             "host_not_allowed", "unsupported_media_type", "request_timeout", "too_many_connections",
+             "socket_buffer_full", "invalid_frame"}
 
 
 def check_envelope(body: Any, status: int) -> dict[str, Any]:

@@ -60,7 +60,12 @@ def test_request_size(small):
         _create(ws, input="y " * ((LIMIT - 200) // 2), max_output_tokens=1)
         err = recv_json(ws)
         assert check_error_frame(err)["code"] == "context_length_exceeded"
-        # Past twice the limit the transport itself refuses to buffer it: close 1009.
+        # Compressed, even past twice the limit: inflated no further than the limit, refused
+        # with the same event, and the socket goes on.
+        ws.send(json.dumps({"type": "response.create", "model": "tiny", "input": "z" * (2 * LIMIT + 10)}))
+        assert check_error_frame(recv_json(ws))["code"] == "request_too_large"
+    # Uncompressed past twice the limit, the transport refuses to read the frame at all: close 1009.
+    with ws_connect(small, compression=None) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "tiny", "input": "z" * (2 * LIMIT + 10)}))
         with pytest.raises(ConnectionClosed) as info:
             recv_json(ws)

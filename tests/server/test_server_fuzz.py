@@ -25,7 +25,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tempe
 
 
 def _check(srv, path, body):
-    r = http(srv, "POST", path, content=json.dumps(body, allow_nan=False))
+    r = http(srv, "POST", path, content=json.dumps(body, allow_nan=False), headers={"Content-Type": "application/json"})
     assert r.status_code < 500, (body, r.text)
     if r.status_code >= 400:
         err = r.json()["error"]

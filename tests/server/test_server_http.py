@@ -122,7 +122,8 @@ def test_models_health_metrics(srv):
     ],
 )
 def test_responses_client_errors(srv, body, status, param, code):
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    kw = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) \
+        else {"json": body}
     r = http(srv, "POST", "/v1/responses", **kw)
     assert r.status_code == status, r.text
     err = r.json()["error"]
