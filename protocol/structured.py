@@ -158,6 +158,8 @@ def check_strict_schema(schema: Mapping[str, Any], *, owner: str, param: str, co
             if not isinstance(props, Mapping):
                 fail(context, "'properties' must be an object.")
             required = node.get("required") or []
+            if not isinstance(required, list):
+                fail(context, "'required' must be an array of property names.")
             missing = [k for k in props if k not in required]
             if missing:
                 fail(context, f"'required' is required to be supplied and to be an array including every key in "

@@ -89,3 +89,12 @@ def test_strict_schema_accepted_and_strict_tools_checked_in_both_endpoints() -> 
     with pytest.raises(Refusal) as info:
         responses(text={"format": {"type": "json_schema", "name": "n", "schema": bad, "strict": True}})
     assert info.value.param == "text.format.schema" and "response_format 'n'" in info.value.message
+
+
+def test_a_strict_schema_whose_required_is_not_a_list_is_refused_not_a_crash():
+    from protocol.errors import Refusal
+    from protocol.structured import check_strict_schema
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False, "required": 1}
+    with pytest.raises(Refusal, match="'required' must be an array"):
+        check_strict_schema(schema, owner="function 'f'", param="tools[0].parameters", code="invalid_function_parameters")
