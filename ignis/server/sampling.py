@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ignis.engine import SamplingParams
+from ignis.model.generation_config import SAMPLING_DEFAULT_KEYS
 from ignis.engine.constraint import OutputConstraint
 from ignis.engine.grammar import Grammar
 from ignis.server.errors import context_too_long
@@ -39,8 +40,7 @@ __all__ = ["engine_params", "check_context", "RequestDefaults"]
 _SEED_MOD = 2**63
 # OpenAI's own defaults, reported in every response as OpenAI reports them.
 _OPENAI = {"temperature": 1.0, "top_p": 1.0}
-_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-         "frequency_penalty", "max_output_tokens")
+_KEYS = SAMPLING_DEFAULT_KEYS
 
 
 @dataclass(frozen=True)

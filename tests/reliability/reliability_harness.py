@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import httpx2 as httpx
 from websockets.sync.client import connect
 
 from server_harness import KEY
@@ -97,3 +98,17 @@ def loop_tasks(srv: Any) -> list[str]:
 
 def thread_names() -> list[str]:
     return sorted(t.name for t in threading.enumerate())
+
+
+def wait_healthy(proc: Any, port: int, timeout: float = 120.0) -> None:
+    """Until a server subprocess on `port` answers /health with 200 (fails if it exits)."""
+    end = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, "the server exited"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < end, "the server did not come up"
+        time.sleep(0.3)

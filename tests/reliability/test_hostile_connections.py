@@ -25,10 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx2 as httpx
 import pytest
 
-from reliability_harness import check_envelope, wait_for
+from reliability_harness import check_envelope, wait_for, wait_healthy
 from server_harness import KEY, http
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,16 +158,7 @@ def test_sigterm_with_slow_clients_is_quiet(tiny_server_model):
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     slow = []
     try:
-        end = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end, "the server did not come up"
-            time.sleep(0.3)
+        wait_healthy(proc, port)
         for i in range(20):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             s.sendall(b"GET /health HTTP/1.1\r\nX-Slow: " if i % 2 else

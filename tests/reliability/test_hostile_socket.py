@@ -26,11 +26,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import pytest
 
 from raw_ws import CONT, TEXT, RawSocket, deflate, frame, zeros_bomb
-from reliability_harness import TERMINAL, check_error_frame, wait_for
+from reliability_harness import TERMINAL, check_error_frame, wait_for, wait_healthy
 from server_harness import KEY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,16 +165,7 @@ def test_inflated_frames_do_not_stay(tiny_server_model):
         return ws
 
     try:
-        end = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "the server exited"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end, "the server did not come up"
-            time.sleep(0.3)
+        wait_healthy(proc, port)
         one(0).close()  # warm-up: allocator arenas, imports, the first response
         time.sleep(0.5)
         base = _rss(proc.pid)
