@@ -1,7 +1,8 @@
 """The internal conversation: what both endpoints decode into and the template renders.
 
 A chat-completions ``messages`` array and a Responses ``input`` item list both
-become ONE list of `ChatMessage` (plus the `FunctionTool` list and a `ToolChoice`).
+become ONE list of `ChatMessage` (plus the `FunctionTool` list and a `ToolChoice`,
+which are also what the decoded requests of both endpoints hold).
 The server renders that list with the model's chat template and tokenizes it once,
 so the same conversation gives the same token ids whichever endpoint it came
 through, and the prefix cache hits across endpoints.
@@ -123,7 +124,9 @@ class FunctionTool:
     name: str
     description: str | None = None
     parameters: Mapping[str, Any] | None = None  # a JSON schema (an object), as sent
-    strict: bool | None = None  # accepted; ignis does not constrain decoding to the schema
+    # True: `parameters` lies in OpenAI's strict subset, and a call the server's grammar
+    # constrains follows it (ignis.server.structured).
+    strict: bool | None = None
 
     def to_template(self) -> dict[str, Any]:
         """HF/OpenAI shape: ``{"type": "function", "function": {"name", "description"?, "parameters"}}``.
@@ -136,18 +139,44 @@ class FunctionTool:
         fn["parameters"] = dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
         return {"type": "function", "function": fn}
 
+    def to_wire(self) -> dict[str, Any]:
+        """The Responses echo (a response object's ``tools[i]``), fields as sent."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class ToolChoice:
     """Whether and which tool the model must call.
 
     ``mode``: ``none`` (never call), ``auto`` (model decides), ``required`` (call at
-    least one). A named function (chat ``{"type": "function", "function": {"name"}}``,
-    Responses ``{"type": "function", "name"}``) is ``mode="required", name=...``.
+    least one). ``name``: the one function it must call (chat ``{"type": "function",
+    "function": {"name"}}``, Responses ``{"type": "function", "name"}``), with mode
+    ``required``. ``allowed``: Responses ``allowed_tools``, the names it may call
+    (None: every tool); `protocol.responses_conversation.to_conversation` cuts the tool
+    list to them instead, so what the renderer gets has None here.
     """
 
     mode: Literal["none", "auto", "required"] = "auto"
     name: str | None = None
+    allowed: tuple[str, ...] | None = None
+
+    def to_wire(self) -> str | dict[str, Any]:
+        """The Responses echo (a response object's ``tool_choice``), in the form sent."""
+        if self.allowed is not None:
+            return {
+                "type": "allowed_tools",
+                "mode": self.mode,
+                "tools": [{"type": "function", "name": n} for n in self.allowed],
+            }
+        if self.name is not None:
+            return {"type": "function", "name": self.name}
+        return self.mode
 
 
 def to_template_messages(messages: Iterable[ChatMessage], *, arguments_as_object: bool = False) -> list[dict[str, Any]]:

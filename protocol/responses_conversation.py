@@ -64,10 +64,15 @@ def _join_reasoning(a: str | None, b: str | None) -> str | None:
 
 
 def to_conversation(request: ResponsesRequest) -> Conversation:
+    tools, choice = _tools(request.tools, request.tool_choice)
+    return Conversation(_messages(request), tools, choice)
+
+
+def _messages(request: ResponsesRequest) -> tuple[ChatMessage, ...]:
     out: list[ChatMessage] = []
     if request.instructions is not None:
         out.append(ChatMessage("system", request.instructions))
-    pending: str | None = None
+    pending: str | None = None  # reasoning waiting for its assistant turn
     names: dict[str, str] = {}
     last_is_turn = False  # out[-1] is an assistant turn that calls may still join
     for item in request.input:
@@ -86,13 +91,7 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
             names[item.call_id] = item.name
             call = ToolCall(item.call_id, item.name, item.arguments)
             if last_is_turn:
-                prev = out[-1]
-                out[-1] = ChatMessage(
-                    "assistant",
-                    prev.content,
-                    reasoning=_join_reasoning(prev.reasoning, pending),
-                    tool_calls=prev.tool_calls + (call,),
-                )
+                out[-1] = _extend_turn(out[-1], pending, (call,))
             else:
                 out.append(ChatMessage("assistant", "", reasoning=pending, tool_calls=(call,)))
                 last_is_turn = True
@@ -101,20 +100,22 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
             out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id, name=names.get(item.call_id, item.name)))
             last_is_turn = False
     if pending is not None and last_is_turn:
-        prev = out[-1]
-        out[-1] = ChatMessage(
-            "assistant", prev.content, reasoning=_join_reasoning(prev.reasoning, pending), tool_calls=prev.tool_calls
-        )
+        out[-1] = _extend_turn(out[-1], pending)
+    return tuple(out)
 
-    tc = request.tool_choice
-    tools = request.tools
-    if tc.kind == "allowed_tools":
-        allowed = set(tc.allowed or ())
-        tools = tuple(t for t in tools if t.name in allowed)
-        choice = ToolChoice(tc.mode)
-    elif tc.kind == "function":
-        choice = ToolChoice("required", tc.allowed[0] if tc.allowed else None)
-    else:
-        choice = ToolChoice(tc.mode)
-    conv_tools = tuple(FunctionTool(t.name, t.description, t.parameters, t.strict) for t in tools)
-    return Conversation(tuple(out), conv_tools, choice)
+
+def _extend_turn(turn: ChatMessage, reasoning: str | None, calls: tuple[ToolCall, ...] = ()) -> ChatMessage:
+    """The assistant `turn` with more reasoning text and calls."""
+    return ChatMessage(
+        "assistant", turn.content, reasoning=_join_reasoning(turn.reasoning, reasoning), tool_calls=turn.tool_calls + calls
+    )
+
+
+def _tools(
+    tools: tuple[FunctionTool, ...], choice: ToolChoice
+) -> tuple[tuple[FunctionTool, ...], ToolChoice]:
+    """``allowed_tools`` cuts the tool list (a template cannot express the restriction)."""
+    if choice.allowed is None:
+        return tools, choice
+    allowed = set(choice.allowed)
+    return tuple(t for t in tools if t.name in allowed), ToolChoice(choice.mode)

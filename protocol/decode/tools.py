@@ -1,0 +1,236 @@
+"""Responses ``tools`` and ``tool_choice``: JSON -> `FunctionTool`s and a `ToolChoice`.
+
+Only function tools: the other tool types OpenAI defines (web search, MCP, custom,
+...) are refused as unsupported (``tools[i].type``). A function tool with
+``strict: true`` must have parameters in OpenAI's strict subset
+(`protocol.structured.check_strict_schema`). ``tool_choice`` takes a mode string,
+``{"type": "function", "name"}`` or ``{"type": "allowed_tools", "mode", "tools"}``;
+every name must be one of the request's tools.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping
+
+from protocol.checks import (
+    check_array,
+    check_enum,
+    check_known_keys,
+    check_object,
+    invalid_choice,
+    opt_bool,
+    opt_str,
+    path,
+    refuse_unsupported_parameter,
+    req_str,
+    require,
+    unsupported_value,
+)
+from protocol.conversation import FunctionTool, ToolChoice
+from protocol.errors import Refusal
+from protocol.structured import check_strict_schema
+
+__all__ = ["decode_tools", "decode_tool_choice"]
+
+_OPENAI_TOOL_TYPES = frozenset(
+    {
+        "file_search",
+        "computer",
+        "computer_use",
+        "computer_use_preview",
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "mcp",
+        "code_interpreter",
+        "image_generation",
+        "local_shell",
+        "shell",
+        "custom",
+        "namespace",
+        "tool_search",
+        "apply_patch",
+    }
+)
+_OPENAI_TOOL_CHOICE_TYPES = frozenset(
+    {
+        "file_search",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "computer",
+        "computer_use",
+        "computer_use_preview",
+        "code_interpreter",
+        "image_generation",
+        "mcp",
+        "custom",
+        "apply_patch",
+        "shell",
+        "programmatic_tool_calling",
+    }
+)
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+# Known to OpenAI on function tools; refused when set (null and false pass).
+_TOOL_UNSUPPORTED = frozenset({"defer_loading", "allowed_callers", "async", "output_schema"})
+_NAMED_KEYS = frozenset({"type", "name"})
+
+
+# --- tools --------------------------------------------------------------------------
+
+
+def decode_tools(value: Any) -> tuple[FunctionTool, ...]:
+    """``tools`` (None: no tools). Function names must be unique."""
+    if value is None:
+        return ()
+    tools = tuple(_tool(t, path("tools", i)) for i, t in enumerate(check_array(value, "tools")))
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        if t.name in seen:
+            raise Refusal(
+                f"Invalid 'tools[{i}].name': duplicate function name '{t.name}'.",
+                param=f"tools[{i}].name",
+                code="invalid_value",
+            )
+        seen.add(t.name)
+    return tools
+
+
+def _tool(obj: Any, param: str) -> FunctionTool:
+    check_object(obj, param)
+    t = req_str(obj, "type", param)
+    if t != "function":
+        if t in _OPENAI_TOOL_TYPES:
+            raise Refusal(
+                f"Unsupported value: '{t}' tools are not supported by ignis; only 'function' tools are.",
+                param=path(param, "type"),
+                code="unsupported_value",
+            )
+        raise invalid_choice(path(param, "type"), t, ("function",))
+    _check_tool_keys(obj, param)
+    name = _function_name(obj, param)
+    description = opt_str(obj, "description", param)
+    parameters = _parameters(obj, param, name)
+    strict = opt_bool(obj, "strict", param)
+    if strict and parameters is not None:
+        check_strict_schema(
+            parameters, owner=f"function '{name}'", param=path(param, "parameters"), code="invalid_function_parameters"
+        )
+    return FunctionTool(name, description, parameters, strict)
+
+
+def _check_tool_keys(obj: Mapping[str, Any], param: str) -> None:
+    for key in obj:
+        if key in _TOOL_UNSUPPORTED and obj[key] not in (None, False):
+            refuse_unsupported_parameter(path(param, key))
+        if key not in _TOOL_KEYS and key not in _TOOL_UNSUPPORTED:
+            p = path(param, key)
+            raise Refusal(f"Unknown parameter: '{p}'.", param=p, code="unknown_parameter")
+
+
+def _function_name(obj: Mapping[str, Any], param: str) -> str:
+    name = req_str(obj, "name", param)
+    if not _FUNCTION_NAME.fullmatch(name):
+        raise Refusal(
+            f"Invalid '{path(param, 'name')}': string does not match pattern. Expected a string "
+            "that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
+            param=path(param, "name"),
+            code="invalid_value",
+        )
+    return name
+
+
+def _parameters(obj: Mapping[str, Any], param: str, name: str) -> Mapping[str, Any] | None:
+    """A function's ``parameters``: a JSON schema of an object (None when absent)."""
+    params = obj.get("parameters")
+    if params is None:
+        return None
+    where = path(param, "parameters")
+    check_object(params, where)
+    ptype = params.get("type")
+    if ptype is not None and ptype != "object":
+        raise Refusal(
+            f"Invalid schema for function '{name}': schema must be a JSON Schema of 'type: \"object\"', got 'type: {json.dumps(ptype)}'.",
+            param=where,
+            code="invalid_function_parameters",
+        )
+    props = params.get("properties")
+    if props is not None:
+        check_object(props, path(where, "properties"))
+    return params
+
+
+# --- tool_choice --------------------------------------------------------------------
+
+_CHOICE = "tool_choice"
+
+
+def decode_tool_choice(value: Any, tools: tuple[FunctionTool, ...]) -> ToolChoice:
+    """``tool_choice`` (None: auto) against the request's decoded `tools`."""
+    if value is None:
+        return ToolChoice()
+    names = tuple(t.name for t in tools)
+    if isinstance(value, str):
+        return _mode(value, names)
+    check_object(value, _CHOICE)
+    t = req_str(value, "type", _CHOICE)
+    if t == "function":
+        check_known_keys(value, _CHOICE, _NAMED_KEYS)
+        name = req_str(value, "name", _CHOICE)
+        if name not in names:
+            raise Refusal(
+                f"Tool choice 'function' with name '{name}' not found in 'tools' parameter.",
+                param=path(_CHOICE, "name"),
+                code="invalid_value",
+            )
+        return ToolChoice("required", name)
+    if t == "allowed_tools":
+        return _allowed_tools(value, names)
+    if t in _OPENAI_TOOL_CHOICE_TYPES:
+        raise unsupported_value(path(_CHOICE, "type"), t, "tool_choice (only 'function' and 'allowed_tools' are)")
+    raise invalid_choice(path(_CHOICE, "type"), t, ("function", "allowed_tools"))
+
+
+def _mode(value: str, names: tuple[str, ...]) -> ToolChoice:
+    mode = check_enum(value, _CHOICE, ("auto", "none", "required"))
+    if mode == "required" and not names:
+        raise Refusal(
+            "Tool choice 'required' must be specified with 'tools' parameter.",
+            param=_CHOICE,
+            code="invalid_value",
+        )
+    return ToolChoice(mode)
+
+
+def _allowed_tools(value: Mapping[str, Any], names: tuple[str, ...]) -> ToolChoice:
+    check_known_keys(value, _CHOICE, frozenset({"type", "mode", "tools"}))
+    mode = check_enum(require(value, "mode", _CHOICE), path(_CHOICE, "mode"), ("auto", "required"))
+    where = path(_CHOICE, "tools")
+    entries = check_array(require(value, "tools", _CHOICE), where)
+    allowed = tuple(_allowed_entry(entry, path(where, i), names) for i, entry in enumerate(entries))
+    if mode == "required" and not allowed:
+        raise Refusal(
+            "Tool choice 'required' needs at least one allowed tool.",
+            param=where,
+            code="invalid_value",
+        )
+    return ToolChoice(mode, allowed=allowed)
+
+
+def _allowed_entry(entry: Any, param: str, names: tuple[str, ...]) -> str:
+    check_object(entry, param)
+    t = req_str(entry, "type", param)
+    if t != "function":
+        raise unsupported_value(path(param, "type"), t, "allowed tools (only 'function' is)")
+    check_known_keys(entry, param, _NAMED_KEYS)
+    name = req_str(entry, "name", param)
+    if name not in names:
+        raise Refusal(
+            f"Tool '{name}' in 'tool_choice.tools' not found in 'tools' parameter.",
+            param=path(param, "name"),
+            code="invalid_value",
+        )
+    return name
