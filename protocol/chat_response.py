@@ -55,6 +55,18 @@ type ``server_error``; send it as a ``data:`` line, then ``[DONE]``), and
 `completion()` raises the matching `Refusal` (status 500) for a non-streaming
 request to send instead.
 
+The whole endpoint, sketched (`protocol.chat_request` decodes the body)::
+
+    req = decode_chat_request_bytes(body)            # or Refusal -> status + envelope()
+    msgs = to_template_messages(req.messages)        # render, tokenize once
+    enc = ChatStream(model=req.model, include_usage=req.include_usage,
+                     logprobs=req.logprobs, emit=req.stream)
+    for delta in engine_deltas:                      # protocol.deltas: TextDelta, ...
+        for chunk in enc.feed(delta):
+            write(f"data: {json.dumps(chunk)}\\n\\n")
+    write("data: [DONE]\\n\\n")                       # streaming
+    # or, not streaming: send enc.completion()
+
 Pure stdlib: no ignis, sanic, torch or asyncio.
 """
 
@@ -64,19 +76,9 @@ import secrets
 import time
 from typing import Any, Iterable
 
-from protocol.deltas import (
-    Delta,
-    Failure,
-    Finish,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    dispatch,
-)
+from protocol.deltas import Delta, dispatch
 from protocol.errors import Refusal
-from protocol.events import LOGPROB_FLOOR, TokenLogprob
+from protocol.events import TokenLogprob
 from protocol.ids import call_id as new_call_id
 from protocol.response import Usage
 from protocol.stream import StreamStateError
@@ -87,19 +89,6 @@ __all__ = [
     "completion_id",
     "chat_usage",
     "chat_logprob",
-    "LOGPROB_FLOOR",
-    # re-exported from protocol.deltas / events / response / stream
-    "Delta",
-    "ReasoningDelta",
-    "TextDelta",
-    "ToolCallStart",
-    "ToolCallArguments",
-    "ToolCallEnd",
-    "Finish",
-    "Failure",
-    "TokenLogprob",
-    "Usage",
-    "StreamStateError",
 ]
 
 Chunks = list[dict[str, Any]]
