@@ -401,15 +401,7 @@ def _decode_content(value: Any, p: str, role: str) -> str | None:
     allowed = ("text", "refusal") if role == "assistant" else ("text",)
     for j, part in enumerate(value):
         pp = path(p, j)
-        obj = check_object(part, pp)
-        kind = require(obj, "type", pp)
-        if kind in _UNSUPPORTED_PARTS:
-            raise Refusal(
-                f"Unsupported value: '{pp}.type' of '{kind}' is not supported by ignis (text only).",
-                param=path(pp, "type"),
-                code="unsupported_value",
-            )
-        check_enum(kind, path(pp, "type"), allowed)
+        obj, kind = _typed_object(part, pp, allowed, _UNSUPPORTED_PARTS, " (text only)")
         check_known_keys(obj, pp, {"type", kind})
         texts.append(req_str(obj, kind, pp))
     return join_text(texts)
@@ -418,12 +410,11 @@ def _decode_content(value: Any, p: str, role: str) -> str | None:
 # --------------------------------------------------------------------------- tools
 
 
-def _function_entry(
-    raw: Any, p: str, keys: set[str], refused: tuple[str, ...] = ("custom",), tail: str = ""
-) -> Mapping[str, Any]:
-    """A ``{"type": "function", "function": {...}}`` object (a tool, a tool call, a
-    named tool choice), checked up to its keys: a type in `refused` is unsupported
-    (`tail` ends the message), any other but "function" invalid."""
+def _typed_object(
+    raw: Any, p: str, allowed: tuple[str, ...], refused: tuple[str, ...], tail: str
+) -> tuple[Mapping[str, Any], str]:
+    """An object and its ``type``, one of `allowed`: a type in `refused` is unsupported
+    (`tail` ends the message), any other invalid."""
     obj = check_object(raw, p)
     kind = require(obj, "type", p)
     if kind in refused:
@@ -432,7 +423,16 @@ def _function_entry(
             param=path(p, "type"),
             code="unsupported_value",
         )
-    check_enum(kind, path(p, "type"), ("function",))
+    check_enum(kind, path(p, "type"), allowed)
+    return obj, kind
+
+
+def _function_entry(
+    raw: Any, p: str, keys: set[str], refused: tuple[str, ...] = ("custom",), tail: str = ""
+) -> Mapping[str, Any]:
+    """A ``{"type": "function", "function": {...}}`` object (a tool, a tool call, a
+    named tool choice), checked up to its keys."""
+    obj, _ = _typed_object(raw, p, ("function",), refused, tail)
     check_known_keys(obj, p, keys)
     return obj
 

@@ -164,15 +164,6 @@ class ChatStream:
     def done(self) -> bool:
         return self._finish_reason is not None or self._failure is not None
 
-    @property
-    def finish_reason(self) -> str | None:
-        """The wire finish_reason once finished (stop | length | tool_calls | content_filter)."""
-        return self._finish_reason
-
-    @property
-    def open_call_id(self) -> str | None:
-        return self._calls[-1]["id"] if self._open else None
-
     # ------------------------------------------------------------------ deltas
 
     def feed(self, delta: Delta) -> Chunks:

@@ -202,18 +202,14 @@ def check_str(value: Any, param: str, *, min_len: int = 0, max_len: int | None =
         refuse_type(param, "string", value)
     if len(value) < min_len:
         if min_len == 1:
-            msg = f"Invalid '{param}': empty string. Expected a string with minimum length 1, but got an empty string instead."
-            code = "empty_string"
-        else:
-            msg = f"Invalid '{param}': string too short. Expected a string with minimum length {min_len}, but got a string with length {len(value)} instead."
-            code = "string_below_min_length"
-        raise Refusal(msg, param=param, code=code)
-    if max_len is not None and len(value) > max_len:
+            raise _empty(param, "string")
         raise Refusal(
-            f"Invalid '{param}': string too long. Expected a string with maximum length {max_len}, but got a string with length {len(value)} instead.",
+            f"Invalid '{param}': string too short. Expected a string with minimum length {min_len}, but got a string with length {len(value)} instead.",
             param=param,
-            code="string_above_max_length",
+            code="string_below_min_length",
         )
+    if max_len is not None and len(value) > max_len:
+        raise _too_long(param, "string", max_len, len(value))
     return value
 
 
@@ -227,18 +223,29 @@ def check_array(value: Any, param: str, *, nonempty: bool = False, max_len: int 
     if not isinstance(value, list):
         refuse_type(param, "array", value)
     if nonempty and not value:
-        raise Refusal(
-            f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-            param=param,
-            code="empty_array",
-        )
+        raise _empty(param, "array")
     if max_len is not None and len(value) > max_len:
-        raise Refusal(
-            f"Invalid '{param}': array too long. Expected an array with maximum length {max_len}, but got an array with length {len(value)} instead.",
-            param=param,
-            code="array_above_max_length",
-        )
+        raise _too_long(param, "array", max_len, len(value))
     return value
+
+
+def _empty(param: str, kind: str) -> Refusal:
+    """An empty string or array where one of length 1 or more is required."""
+    return Refusal(
+        f"Invalid '{param}': empty {kind}. Expected {_ARTICLE.get(kind, 'a ' + kind)} with minimum length 1, but got an empty {kind} instead.",
+        param=param,
+        code=f"empty_{kind}",
+    )
+
+
+def _too_long(param: str, kind: str, max_len: int, length: int) -> Refusal:
+    """A string or array longer than `max_len`."""
+    a_kind = _ARTICLE.get(kind, f"a {kind}")
+    return Refusal(
+        f"Invalid '{param}': {kind} too long. Expected {a_kind} with maximum length {max_len}, but got {a_kind} with length {length} instead.",
+        param=param,
+        code=f"{kind}_above_max_length",
+    )
 
 
 def check_enum(value: Any, param: str, allowed: tuple[Any, ...]) -> Any:

@@ -132,15 +132,6 @@ class ResponseStream:
     def done(self) -> bool:
         return self._state == "done"
 
-    @property
-    def sequence_number(self) -> int:
-        """The sequence number the next event will get."""
-        return self._seq
-
-    @property
-    def open_call_id(self) -> str | None:
-        return self._call[0] if self._kind == "call" else None
-
     # -- event plumbing --------------------------------------------------------------
 
     def _ev(self, out: Events, ev: dict[str, Any]) -> None:
@@ -149,6 +140,12 @@ class ResponseStream:
         if self._sid is not None:
             ev["stream_id"] = self._sid
         out.append(ev)
+
+    def _delta(self, kind: str, fields: dict[str, Any]) -> Events:
+        """One delta event (`kind`) of the open item, with `fields` after its id and index."""
+        out: Events = []
+        self._ev(out, {"type": kind, "item_id": self._item_id, "output_index": self._index, **fields})
+        return out
 
     def _snapshot(self) -> dict[str, Any]:
         r = dict(self.response)
@@ -192,10 +189,7 @@ class ResponseStream:
     def admitted(self) -> Events:
         """A queued response got its turn: ``response.in_progress``."""
         out: Events = []
-        if self._state in ("new", "queued_new"):
-            self._start(out)
-        if self._state == "queued":
-            self._admit(out)
+        self._running(out)
         return out
 
     # -- items -----------------------------------------------------------------------
@@ -205,52 +199,38 @@ class ResponseStream:
         self._kind = kind
         self._index = len(self.response["output"])
         self._buf = []
+        part: dict[str, Any] | None = None  # the content part it opens with (not calls)
         if kind == "reasoning":
             self._item_id = ids.reasoning_id()
-            if self._emit:
-                self._ev(out, {
-                    "type": "response.output_item.added",
-                    "output_index": self._index,
-                    "item": {"id": self._item_id, "type": "reasoning", "summary": [], "content": []},
-                })
-                self._ev(out, {
-                    "type": "response.content_part.added",
-                    "item_id": self._item_id,
-                    "output_index": self._index,
-                    "content_index": 0,
-                    "part": {"type": "reasoning_text", "text": ""},
-                })
+            item: dict[str, Any] = {"id": self._item_id, "type": "reasoning", "summary": [], "content": []}
+            part = {"type": "reasoning_text", "text": ""}
         elif kind == "message":
             self._item_id = ids.message_id()
             self._lps = []
-            if self._emit:
-                self._ev(out, {
-                    "type": "response.output_item.added",
-                    "output_index": self._index,
-                    "item": {"id": self._item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []},
-                })
-                self._ev(out, {
-                    "type": "response.content_part.added",
-                    "item_id": self._item_id,
-                    "output_index": self._index,
-                    "content_index": 0,
-                    "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                })
+            item = {"id": self._item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         else:  # call
             self._item_id = ids.function_call_id()
-            if self._emit:
-                self._ev(out, {
-                    "type": "response.output_item.added",
-                    "output_index": self._index,
-                    "item": {
-                        "id": self._item_id,
-                        "type": "function_call",
-                        "status": "in_progress",
-                        "arguments": "",
-                        "call_id": self._call[0],
-                        "name": self._call[1],
-                    },
-                })
+            call_id, name = self._call
+            item = {
+                "id": self._item_id,
+                "type": "function_call",
+                "status": "in_progress",
+                "arguments": "",
+                "call_id": call_id,
+                "name": name,
+            }
+        if not self._emit:
+            return
+        self._ev(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+        if part is not None:
+            self._ev(out, {
+                "type": "response.content_part.added",
+                "item_id": self._item_id,
+                "output_index": self._index,
+                "content_index": 0,
+                "part": part,
+            })
 
     def _close(self, out: Events, status: str) -> None:
         kind = self._kind
@@ -308,18 +288,7 @@ class ResponseStream:
             self._buf.append(text)
             if not self._emit:
                 return []
-            ev = {
-                "type": "response.reasoning_text.delta",
-                "item_id": self._item_id,
-                "output_index": self._index,
-                "content_index": 0,
-                "delta": text,
-                "sequence_number": self._seq,
-            }
-            self._seq += 1
-            if self._sid is not None:
-                ev["stream_id"] = self._sid
-            return [ev]
+            return self._delta("response.reasoning_text.delta", {"content_index": 0, "delta": text})
         out: Events = []
         self._running(out)
         self._open(out, "reasoning")
@@ -335,19 +304,11 @@ class ResponseStream:
                 self._lps.extend(logprobs)
             if not self._emit:
                 return []
-            ev = {
-                "type": "response.output_text.delta",
-                "item_id": self._item_id,
-                "output_index": self._index,
+            return self._delta("response.output_text.delta", {
                 "content_index": 0,
                 "delta": text,
                 "logprobs": [lp.delta_dict() for lp in logprobs] if logprobs else [],
-                "sequence_number": self._seq,
-            }
-            self._seq += 1
-            if self._sid is not None:
-                ev["stream_id"] = self._sid
-            return [ev]
+            })
         out: Events = []
         self._running(out)
         self._open(out, "message")
@@ -375,17 +336,7 @@ class ResponseStream:
         self._buf.append(chunk)
         if not self._emit:
             return []
-        ev = {
-            "type": "response.function_call_arguments.delta",
-            "item_id": self._item_id,
-            "output_index": self._index,
-            "delta": chunk,
-            "sequence_number": self._seq,
-        }
-        self._seq += 1
-        if self._sid is not None:
-            ev["stream_id"] = self._sid
-        return [ev]
+        return self._delta("response.function_call_arguments.delta", {"delta": chunk})
 
     def tool_call_end(self) -> Events:
         """The open call is complete."""

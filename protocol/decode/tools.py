@@ -178,15 +178,7 @@ def decode_tool_choice(value: Any, tools: tuple[FunctionTool, ...]) -> ToolChoic
     check_object(value, _CHOICE)
     t = req_str(value, "type", _CHOICE)
     if t == "function":
-        check_known_keys(value, _CHOICE, _NAMED_KEYS)
-        name = req_str(value, "name", _CHOICE)
-        if name not in names:
-            raise Refusal(
-                f"Tool choice 'function' with name '{name}' not found in 'tools' parameter.",
-                param=path(_CHOICE, "name"),
-                code="invalid_value",
-            )
-        return ToolChoice("required", name)
+        return ToolChoice("required", _tool_name(value, _CHOICE, names, "Tool choice 'function' with name '{}'"))
     if t == "allowed_tools":
         return _allowed_tools(value, names)
     if t in _OPENAI_TOOL_CHOICE_TYPES:
@@ -225,11 +217,17 @@ def _allowed_entry(entry: Any, param: str, names: tuple[str, ...]) -> str:
     t = req_str(entry, "type", param)
     if t != "function":
         raise unsupported_value(path(param, "type"), t, "allowed tools (only 'function' is)")
-    check_known_keys(entry, param, _NAMED_KEYS)
-    name = req_str(entry, "name", param)
+    return _tool_name(entry, param, names, "Tool '{}' in 'tool_choice.tools'")
+
+
+def _tool_name(obj: Mapping[str, Any], param: str, names: tuple[str, ...], which: str) -> str:
+    """``{"type": "function", "name": N}``: N, one of the request's tool `names`
+    (`which` names it in the refusal, ``{}`` standing for N)."""
+    check_known_keys(obj, param, _NAMED_KEYS)
+    name = req_str(obj, "name", param)
     if name not in names:
         raise Refusal(
-            f"Tool '{name}' in 'tool_choice.tools' not found in 'tools' parameter.",
+            f"{which.format(name)} not found in 'tools' parameter.",
             param=path(param, "name"),
             code="invalid_value",
         )
