@@ -134,18 +134,16 @@ class ResponseStream:
 
     # -- event plumbing --------------------------------------------------------------
 
-    def _ev(self, out: Events, ev: dict[str, Any]) -> None:
+    def _stamped(self, ev: dict[str, Any]) -> dict[str, Any]:
+        """`ev` with its sequence number (and the socket lane's stream id)."""
         ev["sequence_number"] = self._seq
         self._seq += 1
         if self._sid is not None:
             ev["stream_id"] = self._sid
-        out.append(ev)
+        return ev
 
-    def _delta(self, kind: str, fields: dict[str, Any]) -> Events:
-        """One delta event (`kind`) of the open item, with `fields` after its id and index."""
-        out: Events = []
-        self._ev(out, {"type": kind, "item_id": self._item_id, "output_index": self._index, **fields})
-        return out
+    def _ev(self, out: Events, ev: dict[str, Any]) -> None:
+        out.append(self._stamped(ev))
 
     def _snapshot(self) -> dict[str, Any]:
         r = dict(self.response)
@@ -288,7 +286,13 @@ class ResponseStream:
             self._buf.append(text)
             if not self._emit:
                 return []
-            return self._delta("response.reasoning_text.delta", {"content_index": 0, "delta": text})
+            return [self._stamped({
+                "type": "response.reasoning_text.delta",
+                "item_id": self._item_id,
+                "output_index": self._index,
+                "content_index": 0,
+                "delta": text,
+            })]
         out: Events = []
         self._running(out)
         self._open(out, "reasoning")
@@ -304,11 +308,14 @@ class ResponseStream:
                 self._lps.extend(logprobs)
             if not self._emit:
                 return []
-            return self._delta("response.output_text.delta", {
+            return [self._stamped({
+                "type": "response.output_text.delta",
+                "item_id": self._item_id,
+                "output_index": self._index,
                 "content_index": 0,
                 "delta": text,
                 "logprobs": [lp.delta_dict() for lp in logprobs] if logprobs else [],
-            })
+            })]
         out: Events = []
         self._running(out)
         self._open(out, "message")
@@ -336,7 +343,12 @@ class ResponseStream:
         self._buf.append(chunk)
         if not self._emit:
             return []
-        return self._delta("response.function_call_arguments.delta", {"delta": chunk})
+        return [self._stamped({
+            "type": "response.function_call_arguments.delta",
+            "item_id": self._item_id,
+            "output_index": self._index,
+            "delta": chunk,
+        })]
 
     def tool_call_end(self) -> Events:
         """The open call is complete."""

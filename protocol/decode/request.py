@@ -122,8 +122,8 @@ def decode_request(
     """
     check_body(body)
     check_known_keys(body, "", REQUEST_FIELDS | extra_fields if extra_fields else REQUEST_FIELDS)
-    for key in UNSUPPORTED_FIELDS:
-        if body.get(key) is not None:
+    for key in body:  # in the client's order: the first one sent is the one refused
+        if key in UNSUPPORTED_FIELDS and body[key] is not None:
             refuse_unsupported_parameter(key)
     model = _model(body.get("model"), default_model)
     # `text` before the rest: an unsupported output format is the most telling refusal.
