@@ -45,12 +45,14 @@ __all__ = [
     "check_known_keys",
     "require",
     "req_str",
+    "req_name",
     "opt_str",
     "opt_bool",
     "opt_enum",
     "check_unicode",
 ]
 
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A \\uD800-\\uDFFF escape in JSON text: the only way a parsed string gets a surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
@@ -291,6 +293,20 @@ def require(obj: Mapping[str, Any], key: str, param: str) -> Any:
 def req_str(obj: Mapping[str, Any], key: str, param: str = "", **limits: int) -> str:
     """obj[key], a string (`limits`: `check_str`'s min_len / max_len); null counts as missing."""
     return check_str(require(obj, key, param), path(param, key), **limits)
+
+
+def req_name(obj: Mapping[str, Any], key: str, param: str) -> str:
+    """obj[key]: the name of a function or an output format, as OpenAI restricts them."""
+    name = req_str(obj, key, param)
+    if not _NAME.fullmatch(name):
+        where = path(param, key)
+        raise Refusal(
+            f"Invalid '{where}': string does not match pattern. Expected a string "
+            "that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
+            param=where,
+            code="invalid_value",
+        )
+    return name
 
 
 def opt_str(obj: Mapping[str, Any], key: str, param: str = "") -> str | None:

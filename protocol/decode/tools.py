@@ -11,7 +11,6 @@ every name must be one of the request's tools.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Mapping
 
 from protocol.checks import (
@@ -24,6 +23,7 @@ from protocol.checks import (
     opt_str,
     path,
     refuse_unsupported_parameter,
+    req_name,
     req_str,
     require,
     unsupported_value,
@@ -72,7 +72,6 @@ _OPENAI_TOOL_CHOICE_TYPES = frozenset(
         "programmatic_tool_calling",
     }
 )
-_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
 # Known to OpenAI on function tools; refused when set (null and false pass).
 _TOOL_UNSUPPORTED = frozenset({"defer_loading", "allowed_callers", "async", "output_schema"})
@@ -111,7 +110,7 @@ def _tool(obj: Any, param: str) -> FunctionTool:
             )
         raise invalid_choice(path(param, "type"), t, ("function",))
     _check_tool_keys(obj, param)
-    name = _function_name(obj, param)
+    name = req_name(obj, "name", param)
     description = opt_str(obj, "description", param)
     parameters = _parameters(obj, param, name)
     strict = opt_bool(obj, "strict", param)
@@ -129,18 +128,6 @@ def _check_tool_keys(obj: Mapping[str, Any], param: str) -> None:
         if key not in _TOOL_KEYS and key not in _TOOL_UNSUPPORTED:
             p = path(param, key)
             raise Refusal(f"Unknown parameter: '{p}'.", param=p, code="unknown_parameter")
-
-
-def _function_name(obj: Mapping[str, Any], param: str) -> str:
-    name = req_str(obj, "name", param)
-    if not _FUNCTION_NAME.fullmatch(name):
-        raise Refusal(
-            f"Invalid '{path(param, 'name')}': string does not match pattern. Expected a string "
-            "that matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
-            param=path(param, "name"),
-            code="invalid_value",
-        )
-    return name
 
 
 def _parameters(obj: Mapping[str, Any], param: str, name: str) -> Mapping[str, Any] | None:
