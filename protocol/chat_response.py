@@ -72,31 +72,24 @@ Pure stdlib: no ignis, sanic, torch or asyncio.
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any, Iterable
 
 from protocol.deltas import Delta, dispatch
 from protocol.errors import Refusal
 from protocol.events import TokenLogprob
-from protocol.ids import call_id as new_call_id
+from protocol.ids import call_id as new_call_id, completion_id
 from protocol.response import Usage
 from protocol.stream import StreamStateError
 
 __all__ = [
     "ChatStream",
     "build_completion",
-    "completion_id",
     "chat_usage",
     "chat_logprob",
 ]
 
 Chunks = list[dict[str, Any]]
-
-
-def completion_id() -> str:
-    """``chatcmpl-`` + 48 random hex digits."""
-    return f"chatcmpl-{secrets.token_hex(24)}"
 
 
 def chat_logprob(t: TokenLogprob) -> dict[str, Any]:

@@ -31,7 +31,6 @@ __all__ = [
     "a_type",
     "refuse_type",
     "refuse_missing",
-    "refuse_value",
     "refuse_unsupported_parameter",
     "unsupported_value",
     "invalid_choice",
@@ -109,10 +108,6 @@ def refuse_missing(param: str) -> NoReturn:
     )
 
 
-def refuse_value(param: str, message: str, code: str = "invalid_value") -> NoReturn:
-    raise Refusal(message, param=param, code=code)
-
-
 def refuse_unsupported_parameter(param: str, why: str = "") -> NoReturn:
     """A field OpenAI defines and ignis does not implement, sent set (not null)."""
     raise Refusal(
@@ -153,6 +148,10 @@ def _out_of_range(param: str, kind: str, relation: str, bound: str, got: str | N
     )
 
 
+def _not_finite(param: str) -> Refusal:
+    return Refusal(f"Invalid '{param}': expected a finite number.", param=param, code="invalid_value")
+
+
 def check_bool(value: Any, param: str) -> bool:
     if not isinstance(value, bool):
         refuse_type(param, "boolean", value)
@@ -187,9 +186,9 @@ def check_number(
             raise _out_of_range(param, "decimal", "<=", f"{le:g}") from None
         if value < 0 and (ge is not None or gt is not None):
             raise _out_of_range(param, "decimal", ">=", f"{(ge if ge is not None else gt):g}") from None
-        raise Refusal(f"Invalid '{param}': expected a finite number.", param=param, code="invalid_value") from None
+        raise _not_finite(param) from None
     if not math.isfinite(value):
-        refuse_value(param, f"Invalid '{param}': expected a finite number.")
+        raise _not_finite(param)
     if ge is not None and value < ge:
         raise _out_of_range(param, "decimal", ">=", f"{ge:g}", f"{value:g}")
     if gt is not None and value <= gt:

@@ -30,7 +30,13 @@ from protocol.checks import (
 from protocol.decode.items import decode_input
 from protocol.decode.tools import decode_tool_choice, decode_tools
 from protocol.errors import Refusal
-from protocol.request import ReasoningConfig, ResponsesRequest, TextConfig
+from protocol.request import (
+    INCLUDE_ENCRYPTED_REASONING,
+    INCLUDE_LOGPROBS,
+    ReasoningConfig,
+    ResponsesRequest,
+    TextConfig,
+)
 from protocol.sampling import RESPONSES_NAMES, extract_sampling
 from protocol.structured import TextFormat, decode_text_format
 
@@ -40,7 +46,7 @@ Transport = Literal["http", "socket"]
 
 # --- field tables -------------------------------------------------------------------
 
-ACTIVE_INCLUDES = frozenset({"reasoning.encrypted_content", "message.output_text.logprobs"})
+ACTIVE_INCLUDES = frozenset({INCLUDE_ENCRYPTED_REASONING, INCLUDE_LOGPROBS})
 KNOWN_INCLUDES = ACTIVE_INCLUDES | {
     "file_search_call.results",
     "web_search_call.results",
