@@ -84,19 +84,20 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
-_ARTICLE = {"integer": "an integer", "object": "an object", "array": "an array"}
+def _a(word: str) -> str:
+    """`word` with its indefinite article: ``an integer``, ``a string``."""
+    return f"an {word}" if word in ("integer", "object", "array") else f"a {word}"
 
 
 def a_type(value: Any) -> str:
     """`type_name` with its article, as a refusal says what it got: ``an array``, ``null``."""
     got = type_name(value)
-    return "null" if got == "null" else _ARTICLE.get(got, f"a {got}")
+    return "null" if got == "null" else _a(got)
 
 
 def refuse_type(param: str, expected: str, value: Any) -> NoReturn:
-    exp = _ARTICLE.get(expected, f"a {expected}")
     raise Refusal(
-        f"Invalid type for '{param}': expected {exp}, but got {a_type(value)} instead.",
+        f"Invalid type for '{param}': expected {_a(expected)}, but got {a_type(value)} instead.",
         param=param,
         code="invalid_type",
     )
@@ -233,7 +234,7 @@ def check_array(value: Any, param: str, *, nonempty: bool = False, max_len: int 
 def _empty(param: str, kind: str) -> Refusal:
     """An empty string or array where one of length 1 or more is required."""
     return Refusal(
-        f"Invalid '{param}': empty {kind}. Expected {_ARTICLE.get(kind, 'a ' + kind)} with minimum length 1, but got an empty {kind} instead.",
+        f"Invalid '{param}': empty {kind}. Expected {_a(kind)} with minimum length 1, but got an empty {kind} instead.",
         param=param,
         code=f"empty_{kind}",
     )
@@ -241,9 +242,8 @@ def _empty(param: str, kind: str) -> Refusal:
 
 def _too_long(param: str, kind: str, max_len: int, length: int) -> Refusal:
     """A string or array longer than `max_len`."""
-    a_kind = _ARTICLE.get(kind, f"a {kind}")
     return Refusal(
-        f"Invalid '{param}': {kind} too long. Expected {a_kind} with maximum length {max_len}, but got {a_kind} with length {length} instead.",
+        f"Invalid '{param}': {kind} too long. Expected {_a(kind)} with maximum length {max_len}, but got {_a(kind)} with length {length} instead.",
         param=param,
         code=f"{kind}_above_max_length",
     )
