@@ -1,9 +1,10 @@
 """`POST /v1/chat/completions`: request body -> `ChatRequest`, or a `Refusal`.
 
 `decode_chat_request(body)` takes the parsed JSON (`protocol.checks.decode_json`
-parses bytes and refuses bad JSON; `decode_chat_request_bytes` does both) and returns a frozen `ChatRequest` whose ``messages`` are the
-internal conversation (`protocol.conversation.ChatMessage`), the same list the
-Responses decoder produces, so both endpoints render identical prompts. Every
+parses bytes and refuses bad JSON; `decode_chat_request_bytes` does both) and
+returns a frozen `ChatRequest` whose ``messages`` are the internal conversation
+(`protocol.conversation.ChatMessage`), the same list the Responses decoder
+produces, so both endpoints render identical prompts. Every
 mistake raises `protocol.errors.Refusal` (status 400, ``invalid_request_error``)
 with ``param`` at the offending value in OpenAI's notation
 (``messages[2].content[0].type``, ``tools[0].function.name``) and one of these codes:
