@@ -31,6 +31,7 @@ __all__ = [
     "a_type",
     "refuse_type",
     "refuse_missing",
+    "refuse_unknown_parameter",
     "refuse_unsupported_parameter",
     "unsupported_value",
     "invalid_choice",
@@ -107,6 +108,10 @@ def refuse_missing(param: str) -> NoReturn:
     raise Refusal(
         f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
     )
+
+
+def refuse_unknown_parameter(param: str) -> NoReturn:
+    raise Refusal(f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
 
 
 def refuse_unsupported_parameter(param: str, why: str = "") -> NoReturn:
@@ -278,7 +283,7 @@ def check_known_keys(
                 if obj[key] is None:
                     continue
                 refuse_unsupported_parameter(p)
-            raise Refusal(f"Unknown parameter: '{p}'.", param=p, code="unknown_parameter")
+            refuse_unknown_parameter(p)
 
 
 def require(obj: Mapping[str, Any], key: str, param: str) -> Any:

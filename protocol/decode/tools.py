@@ -22,6 +22,7 @@ from protocol.checks import (
     opt_bool,
     opt_str,
     path,
+    refuse_unknown_parameter,
     refuse_unsupported_parameter,
     req_name,
     req_str,
@@ -122,12 +123,12 @@ def _tool(obj: Any, param: str) -> FunctionTool:
 
 
 def _check_tool_keys(obj: Mapping[str, Any], param: str) -> None:
+    """`check_known_keys`, but OpenAI's keys ignis lacks pass when false as well as null."""
     for key in obj:
         if key in _TOOL_UNSUPPORTED and obj[key] not in (None, False):
             refuse_unsupported_parameter(path(param, key))
         if key not in _TOOL_KEYS and key not in _TOOL_UNSUPPORTED:
-            p = path(param, key)
-            raise Refusal(f"Unknown parameter: '{p}'.", param=p, code="unknown_parameter")
+            refuse_unknown_parameter(path(param, key))
 
 
 def _parameters(obj: Mapping[str, Any], param: str, name: str) -> Mapping[str, Any] | None:
