@@ -33,7 +33,7 @@ from typing import Any
 
 from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
 from ignis.output_parser import ParserConfig
-from ignis.server.constraints import required_tools
+from ignis.server.tool_forcing import required_tools
 from protocol.conversation import FunctionTool, ToolChoice
 from protocol.errors import Refusal
 from protocol.sampling import SamplingFields
