@@ -18,6 +18,8 @@ What is constrained (ignis/engine/grammar.py enforces it, from the first output 
   each call the model opens (its ``<tool_call>`` tag, by id when the tag is one added
   token, else as text) is constrained as above from the tag on; with
   ``parallel_tool_calls: false`` at most one call, and nothing but whitespace after it.
+  A request that sets ``stop`` or ``min_tokens`` keeps them instead, unconstrained
+  (a grammar cannot honour them; a forced call or a JSON format refuses them).
 - A reasoning template: an optional think block first (or the rest of the block the
   prompt opened), free text up to the first closing tag.
 
@@ -167,8 +169,8 @@ def output_grammar(
     elif text_format.is_json:
         answer_json = text_format.schema if text_format.type == "json_schema" and text_format.schema else _ANY_OBJECT
         mode = "answer"
-    elif any(t.strict for t in callable_tools):
-        mode = "lazy"
+    elif any(t.strict for t in callable_tools) and not (sampling.stop or sampling.min_tokens):
+        mode = "lazy"  # (a stop string or min_tokens, which a grammar cannot keep, wins under auto)
     else:
         return None
     _refuse_with_grammar(sampling)

@@ -77,3 +77,10 @@ def test_one_call_when_parallel_calls_are_off(tok: Any) -> None:
     assert _accepts(tok, grammar, "Sure. " + call("pick", {"n": 1}))
     assert not _accepts(tok, grammar, call("pick", {"n": 1}) + call("pick", {"n": 2}))
     assert not _accepts(tok, grammar, call("pick", {"n": 1}) + " and more text")
+
+
+def test_a_stop_string_under_auto_keeps_the_stop_and_drops_the_grammar(tok: Any) -> None:
+    grammar = output_grammar(PARSER, TextFormat(), TOOLS, ToolChoice(), SamplingFields(stop=(" ",)), parallel=True,
+                             tokenizer=tok, vocab_size=tok.vocab_size, format_param="text.format",
+                             tool_param=lambda name: "tools[0].parameters")
+    assert grammar is None
