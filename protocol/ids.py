@@ -1,7 +1,7 @@
 """Object ids, prefixed as OpenAI prefixes them, with random hex from `secrets`.
 
 ``resp_`` responses, ``msg_`` messages, ``rs_`` reasoning items, ``fc_`` function-call
-items, ``call_`` function-call ids (what a tool result points back to); chat
+items, ``ctc_`` custom tool calls, ``call_`` function-call ids (what a tool result points back to); chat
 completions are ``chatcmpl-``.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 
-__all__ = ["new_id", "response_id", "message_id", "reasoning_id", "function_call_id", "call_id", "completion_id"]
+__all__ = ["new_id", "response_id", "message_id", "reasoning_id", "function_call_id", "custom_tool_call_id", "call_id", "completion_id"]
 
 _HEX_BYTES = 24  # 48 hex digits, as long as OpenAI's
 
@@ -33,6 +33,10 @@ def reasoning_id() -> str:
 
 def function_call_id() -> str:
     return new_id("fc")
+
+
+def custom_tool_call_id() -> str:
+    return new_id("ctc")
 
 
 def call_id() -> str:

@@ -23,6 +23,8 @@ __all__ = [
     "Message",
     "FunctionCall",
     "FunctionCallOutput",
+    "CustomToolCall",
+    "CustomToolCallOutput",
     "Reasoning",
     "Item",
     "ROLES",
@@ -124,10 +126,11 @@ class FunctionCall:
     arguments: str
     id: str | None = None
     status: ItemStatus | None = None
+    namespace: str | None = None  # the namespace tool it belongs to
 
     def to_dict(self) -> dict[str, Any]:
         d = {"type": "function_call", "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
-        return _with_set(d, id=self.id, status=self.status)
+        return _with_set(d, id=self.id, status=self.status, namespace=self.namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,38 @@ class FunctionCallOutput:
     def to_dict(self) -> dict[str, Any]:
         d = {"type": "function_call_output", "call_id": self.call_id, "output": _parts(self.output)}
         return _with_set(d, id=self.id, status=self.status, name=self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class CustomToolCall:
+    """A call to a custom (freeform) tool; `input` is the text the model wrote for it."""
+
+    call_id: str
+    name: str
+    input: str
+    id: str | None = None
+    namespace: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"type": "custom_tool_call", "call_id": self.call_id, "name": self.name, "input": self.input}
+        return _with_set(d, id=self.id, namespace=self.namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class CustomToolCallOutput:
+    """A custom tool's result: a string or a tuple of `InputText` parts."""
+
+    call_id: str
+    output: str | tuple[InputText, ...]
+    id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return _text(self.output)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"type": "custom_tool_call_output", "call_id": self.call_id, "output": _parts(self.output)}
+        return _with_set(d, id=self.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,4 +219,4 @@ class Reasoning:
         return _with_set(d, encrypted_content=self.encrypted_content, status=self.status)
 
 
-Item = Union[Message, FunctionCall, FunctionCallOutput, Reasoning]
+Item = Union[Message, FunctionCall, FunctionCallOutput, CustomToolCall, CustomToolCallOutput, Reasoning]

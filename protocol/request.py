@@ -57,7 +57,8 @@ class ResponsesRequest:
     # A string `input` becomes one user message with string content.
     input: tuple[Item, ...]
     instructions: str | None = None
-    tools: tuple[FunctionTool, ...] = ()
+    tools: tuple[FunctionTool, ...] = ()  # a namespace's tools flattened, named NAMESPACE.NAME
+    namespaces: tuple[tuple[str, str], ...] = ()  # (name, description) of each namespace tool
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
     sampling: SamplingFields = field(default_factory=SamplingFields)
@@ -102,3 +103,17 @@ class ResponsesRequest:
     @property
     def include_logprobs(self) -> bool:
         return INCLUDE_LOGPROBS in self.include
+
+    def tools_to_wire(self) -> list[dict[str, Any]]:
+        """The ``tools`` echo: the tools as sent, a namespace's tools inside it again."""
+        descriptions = dict(self.namespaces)
+        out: list[dict[str, Any]] = []
+        for tool in self.tools:
+            if tool.namespace is None:
+                out.append(tool.to_wire())
+                continue
+            if not (out and out[-1].get("type") == "namespace" and out[-1]["name"] == tool.namespace):
+                out.append({"type": "namespace", "name": tool.namespace,
+                            "description": descriptions.get(tool.namespace, ""), "tools": []})
+            out[-1]["tools"].append(tool.to_wire())
+        return out

@@ -18,6 +18,10 @@ Rules (beyond those in `protocol.conversation`):
 - ``function_call_output`` becomes a ``tool`` message whose ``name`` is the name
   of the call it answers (else the output item's own ``name``, else None: the
   call may lie behind ``previous_response_id``).
+- ``custom_tool_call`` is a call like a function's, its arguments ``{"input": INPUT}``
+  (a custom tool is a one-string function to the template), and
+  ``custom_tool_call_output`` a ``tool`` message like a function's result. A call
+  with a ``namespace`` is named ``NAMESPACE.NAME``, as its tool is.
 - Tools: every function tool. ``tool_choice``: "none" / "auto" / "required"
   map as is; ``{"type": "function", "name"}`` is required + that name; with
   ``allowed_tools`` the tool list is cut to the allowed tools (the template
@@ -26,6 +30,7 @@ Rules (beyond those in `protocol.conversation`):
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 from protocol.conversation import (
@@ -35,7 +40,7 @@ from protocol.conversation import (
     ToolChoice,
     join_text,
 )
-from protocol.items import FunctionCall, FunctionCallOutput, Message, Reasoning
+from protocol.items import CustomToolCall, CustomToolCallOutput, FunctionCall, FunctionCallOutput, Message, Reasoning
 from protocol.request import ResponsesRequest
 
 __all__ = ["Conversation", "to_conversation", "reasoning_text"]
@@ -87,17 +92,22 @@ def _messages(request: ResponsesRequest) -> tuple[ChatMessage, ...]:
                 last_is_turn = False
         elif isinstance(item, Reasoning):
             pending = _join_reasoning(pending, reasoning_text(item))
-        elif isinstance(item, FunctionCall):
-            names[item.call_id] = item.name
-            call = ToolCall(item.call_id, item.name, item.arguments)
+        elif isinstance(item, (FunctionCall, CustomToolCall)):
+            name = item.name if item.namespace is None else f"{item.namespace}.{item.name}"
+            names[item.call_id] = name
+            if isinstance(item, FunctionCall):
+                call = ToolCall(item.call_id, name, item.arguments)
+            else:
+                call = ToolCall(item.call_id, name, json.dumps({"input": item.input}, ensure_ascii=False))
             if last_is_turn:
                 out[-1] = _extend_turn(out[-1], pending, (call,))
             else:
                 out.append(ChatMessage("assistant", "", reasoning=pending, tool_calls=(call,)))
                 last_is_turn = True
             pending = None
-        elif isinstance(item, FunctionCallOutput):
-            out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id, name=names.get(item.call_id, item.name)))
+        elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
+            own = item.name if isinstance(item, FunctionCallOutput) else None
+            out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id, name=names.get(item.call_id, own)))
             last_is_turn = False
     if pending is not None and last_is_turn:
         out[-1] = _extend_turn(out[-1], pending)

@@ -42,12 +42,12 @@ def prepare_response(ctx: ServerContext, request: ResponsesRequest, *,
     if not generation:
         check_context(len(prompt.ids), ctx.max_model_len, "input", prewarm=True)
         return prompt, None
-    index = {t.name: i for i, t in enumerate(request.tools)}
+    where = {t.name: t.where for t in request.tools}
     return _constrained(
         ctx, prompt, conv.tools, conv.tool_choice, request.sampling, request.text.format,
         parallel=request.parallel_tool_calls, logprobs=request.include_logprobs or bool(request.top_logprobs),
         param="input", format_param="text.format",
-        tool_param=lambda name: f"tools[{index.get(name, 0)}].parameters",
+        tool_param=lambda name: f"{where.get(name) or 'tools'}.parameters",
     )
 
 

@@ -63,7 +63,6 @@ from ignis.server.render import Prompt
 from ignis.server.turn import Outcome, TurnEnding, client_closed, drive, timeout_message
 from ignis.server.socket_intake import RefusedMessage
 from protocol import ids
-from protocol.decode import decode_item
 from protocol.errors import Refusal
 from protocol.events import dumps
 from protocol.items import Item
@@ -271,9 +270,7 @@ class SocketSession:
     def remember(self, stream_id: str | None, response_id: str, items: tuple[Item, ...], encoder: ResponseStream) -> None:
         if encoder.status not in ("completed", "incomplete", "cancelled"):
             return
-        key = self.ctx.reasoning_key
-        outputs = tuple(decode_item(o, f"output[{i}]", reasoning_key=key) for i, o in enumerate(encoder.response["output"]))
-        self.lanes[stream_id].latest = (response_id, tuple(items) + outputs)
+        self.lanes[stream_id].latest = (response_id, tuple(items) + tuple(encoder.output_items))
 
     # -- the connection ---------------------------------------------------------------
 

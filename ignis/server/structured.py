@@ -36,6 +36,7 @@ from typing import Any
 
 from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
 from ignis.output_parser import ParserConfig
+from ignis.server.freeform import FreeformError, json_string_rule
 from ignis.server.tool_forcing import required_tools
 from protocol.conversation import FunctionTool, ToolChoice
 from protocol.errors import Refusal
@@ -45,6 +46,7 @@ from protocol.structured import TextFormat
 __all__ = ["output_grammar"]
 
 _ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+_INPUT_OPEN = json.dumps('{"input": ')  # a custom tool's arguments: {"input": STRING}
 
 
 def _with_options(schema: Mapping[str, Any], strict: bool) -> dict[str, Any]:
@@ -95,17 +97,42 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
     the opening tag."""
     rules, names = [], []
     for k, tool in enumerate(tools):
-        schema = tool.parameters if tool.strict and tool.parameters else _ANY_OBJECT
-        if tool.strict and tool.parameters:
-            _check(schema, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
-                   code="invalid_function_parameters")
-        rules.append(f"args_{k}: {_json(schema, bool(tool.strict))}")
+        if tool.is_custom:
+            rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
+            rules.append(f"input_{k}: {_custom_input(tool, lt, tool_param)}")
+        else:
+            schema = tool.parameters if tool.strict and tool.parameters else _ANY_OBJECT
+            if tool.strict and tool.parameters:
+                _check(schema, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
+                       code="invalid_function_parameters")
+            rules.append(f"args_{k}: {_json(schema, bool(tool.strict))}")
         head = _lit(json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
         names.append(f"{head} args_{k}")
     opening, closing = _lit('\n{"name": '), _lit("}\n")
     rules.append(f"call_body: {opening} ({' | '.join(names)}) {closing} {_tag(parser.tool_end, tokenizer)}")
     rules.append(f"call: {_tag(parser.tool_start, tokenizer)} call_body")
     return rules
+
+
+def _custom_input(tool: FunctionTool, lt: Any, tool_param: Callable[[str], str]) -> str:
+    """The rule body of a custom tool's input (a JSON string its format accepts). A
+    grammar llguidance rejects, or one that cannot be held inside a JSON string, is the
+    client's: 400 at its definition."""
+    fmt = tool.format
+    assert fmt is not None
+    where = tool_param(tool.name).rsplit(".", 1)[0] + ".format.definition"
+    if fmt.syntax is not None:
+        try:
+            own = Grammar.lark(fmt.definition or "") if fmt.syntax == "lark" else Grammar.regex(fmt.definition or "")
+            own.check(lt)
+        except (GrammarError, ValueError) as exc:
+            raise Refusal(f"Invalid grammar for custom tool '{tool.name}': {exc}", param=where,
+                          code="invalid_value") from None
+    try:
+        return json_string_rule(fmt.syntax, fmt.definition)
+    except FreeformError as exc:
+        raise Refusal(f"Unsupported grammar for custom tool '{tool.name}': {exc}", param=where,
+                      code="invalid_value") from None
 
 
 def _think(parser: ParserConfig, tokenizer: Any, body: str) -> list[str]:
@@ -163,13 +190,13 @@ def output_grammar(
     if choice.mode == "required" and callable_tools:
         names = required_tools(choice, callable_tools)
         callable_tools = [t for t in callable_tools if t.name in names]
-        if not any(t.strict for t in callable_tools):
+        if not any(t.strict or t.is_custom for t in callable_tools):
             return None  # the forced start (tool_forcing.py) and the server's call check apply
         mode = "calls"
     elif text_format.is_json:
         answer_json = text_format.schema if text_format.type == "json_schema" and text_format.schema else _ANY_OBJECT
         mode = "answer"
-    elif any(t.strict for t in callable_tools) and not (sampling.stop or sampling.min_tokens):
+    elif any(t.strict or t.is_custom for t in callable_tools) and not (sampling.stop or sampling.min_tokens):
         mode = "lazy"  # (a stop string or min_tokens, which a grammar cannot keep, wins under auto)
     else:
         return None

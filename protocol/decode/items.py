@@ -4,7 +4,8 @@
 `decode_item` reads one item and is the inverse of ``item.to_dict()``.
 
 - Items: ``message`` (also without ``type``, as OpenAI's EasyInputMessage),
-  ``function_call``, ``function_call_output``, ``reasoning``. The other item types
+  ``function_call`` (with its ``namespace``), ``function_call_output``,
+  ``custom_tool_call``, ``custom_tool_call_output``, ``reasoning``. The other item types
   OpenAI defines are refused as unsupported (``input[i].type``).
 - Message parts: ``input_text`` and ``output_text`` are both accepted under any
   role (both are text to the model; OpenAI is stricter); image, file and audio
@@ -42,6 +43,8 @@ from protocol.items import (
     ROLES,
     FunctionCall,
     FunctionCallOutput,
+    CustomToolCall,
+    CustomToolCallOutput,
     InputText,
     Item,
     Message,
@@ -53,7 +56,9 @@ from protocol.items import (
 
 __all__ = ["decode_input", "decode_item", "ITEM_TYPES"]
 
-ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+ITEM_TYPES = (
+    "message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning"
+)
 # Input item types OpenAI knows but ignis does not accept (unsupported, not invalid).
 _OPENAI_ITEM_TYPES = frozenset(
     {
@@ -77,8 +82,6 @@ _OPENAI_ITEM_TYPES = frozenset(
         "mcp_approval_request",
         "mcp_approval_response",
         "mcp_call",
-        "custom_tool_call",
-        "custom_tool_call_output",
         "compaction",
         "compaction_trigger",
         "program",
@@ -90,8 +93,10 @@ _OPENAI_PART_TYPES = frozenset({"input_image", "input_file", "input_audio", "ref
 _TEXT_PART_KEYS = frozenset({"type", "text"})
 _OUTPUT_TEXT_KEYS = frozenset({"type", "text", "annotations", "logprobs"})
 _MESSAGE_KEYS = frozenset({"type", "role", "content", "id", "status", "phase"})
-_CALL_KEYS = frozenset({"type", "call_id", "name", "arguments", "id", "status"})
-_CALL_NULL_ONLY = frozenset({"namespace", "caller", "async"})
+_CALL_KEYS = frozenset({"type", "call_id", "name", "arguments", "id", "status", "namespace"})
+_CALL_NULL_ONLY = frozenset({"caller", "async"})
+_CUSTOM_CALL_KEYS = frozenset({"type", "call_id", "name", "input", "id", "namespace"})
+_CUSTOM_OUTPUT_KEYS = frozenset({"type", "call_id", "output", "id"})
 _CALL_OUTPUT_KEYS = frozenset({"type", "call_id", "output", "id", "status", "name"})
 _CALL_OUTPUT_NULL_ONLY = frozenset({"namespace", "caller"})
 _REASONING_KEYS = frozenset({"type", "id", "summary", "content", "encrypted_content", "status"})
@@ -136,6 +141,12 @@ def decode_item(
         return _function_call(obj, param)
     if t == "function_call_output":
         return _function_call_output(obj, param)
+    if t == "custom_tool_call":
+        return _custom_tool_call(obj, param)
+    if t == "custom_tool_call_output":
+        check_known_keys(obj, param, _CUSTOM_OUTPUT_KEYS, _CALL_NULL_ONLY)
+        output = _text_or_parts(obj, "output", param, outputs=False)
+        return CustomToolCallOutput(req_str(obj, "call_id", param), output, opt_str(obj, "id", param))
     if t == "reasoning":
         return _reasoning(obj, param, reasoning_key, strict_encrypted)
     if t in _OPENAI_ITEM_TYPES:
@@ -163,6 +174,18 @@ def _function_call(obj: Mapping[str, Any], param: str) -> FunctionCall:
         arguments=req_str(obj, "arguments", param),
         id=opt_str(obj, "id", param),
         status=_status(obj, param),
+        namespace=opt_str(obj, "namespace", param),
+    )
+
+
+def _custom_tool_call(obj: Mapping[str, Any], param: str) -> CustomToolCall:
+    check_known_keys(obj, param, _CUSTOM_CALL_KEYS, _CALL_NULL_ONLY | {"status"})
+    return CustomToolCall(
+        call_id=req_str(obj, "call_id", param),
+        name=req_str(obj, "name", param),
+        input=req_str(obj, "input", param),
+        id=opt_str(obj, "id", param),
+        namespace=opt_str(obj, "namespace", param),
     )
 
 

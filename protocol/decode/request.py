@@ -136,7 +136,7 @@ def decode_request(
     text = _text_config(body.get("text"))
     items = decode_input(require(body, "input", ""), reasoning_key=reasoning_key, strict_encrypted=strict_encrypted)
     instructions = opt_str(body, "instructions")
-    tools = decode_tools(body.get("tools"))
+    tools, namespaces = decode_tools(body.get("tools"))
     tool_choice = decode_tool_choice(body.get("tool_choice"), tools)
     parallel = opt_bool(body, "parallel_tool_calls")
     reasoning = _reasoning_config(body.get("reasoning"))
@@ -153,6 +153,7 @@ def decode_request(
         input=items,
         instructions=instructions,
         tools=tools,
+        namespaces=namespaces,
         tool_choice=tool_choice,
         parallel_tool_calls=True if parallel is None else parallel,
         sampling=extract_sampling(body),

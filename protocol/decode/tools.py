@@ -1,11 +1,15 @@
 """Responses ``tools`` and ``tool_choice``: JSON -> `FunctionTool`s and a `ToolChoice`.
 
-Only function tools: the other tool types OpenAI defines (web search, MCP, custom,
-...) are refused as unsupported (``tools[i].type``). A function tool with
-``strict: true`` must have parameters in OpenAI's strict subset
-(`protocol.structured.check_strict_schema`). ``tool_choice`` takes a mode string,
-``{"type": "function", "name"}`` or ``{"type": "allowed_tools", "mode", "tools"}``;
-every name must be one of the request's tools.
+Tools ignis runs the model for: ``function``, ``custom`` (freeform input, free text or
+a ``lark`` / ``regex`` grammar; the server checks the grammar compiles) and
+``namespace`` (function and custom tools under a shared name: flattened, each named
+``NAMESPACE.NAME``). The hosted tool types OpenAI defines (web search, file search,
+MCP, code interpreter, ...) are refused as unsupported (``tools[i].type``): ignis runs
+no tools itself. A function tool with ``strict: true`` must have parameters in
+OpenAI's strict subset (`protocol.structured.check_strict_schema`). Names are unique
+(a namespaced tool's by its qualified name). ``tool_choice`` takes a mode string,
+``{"type": "function" | "custom", "name"}`` or ``{"type": "allowed_tools", "mode",
+"tools"}``; every name must be one of the request's tools.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from protocol.checks import (
     require,
     unsupported_value,
 )
-from protocol.conversation import FunctionTool, ToolChoice
+from protocol.conversation import CustomFormat, FunctionTool, ToolChoice
 from protocol.errors import Refusal
 from protocol.structured import check_strict_schema
 
@@ -50,8 +54,6 @@ _OPENAI_TOOL_TYPES = frozenset(
         "image_generation",
         "local_shell",
         "shell",
-        "custom",
-        "namespace",
         "tool_search",
         "apply_patch",
     }
@@ -67,7 +69,6 @@ _OPENAI_TOOL_CHOICE_TYPES = frozenset(
         "code_interpreter",
         "image_generation",
         "mcp",
-        "custom",
         "apply_patch",
         "shell",
         "programmatic_tool_calling",
@@ -76,40 +77,69 @@ _OPENAI_TOOL_CHOICE_TYPES = frozenset(
 _TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
 # Known to OpenAI on function tools; refused when set (null and false pass).
 _TOOL_UNSUPPORTED = frozenset({"defer_loading", "allowed_callers", "async", "output_schema"})
+_CUSTOM_KEYS = frozenset({"type", "name", "description", "format"})
+_CUSTOM_UNSUPPORTED = frozenset({"defer_loading", "allowed_callers", "async"})
+_NAMESPACE_KEYS = frozenset({"type", "name", "description", "tools"})
 _NAMED_KEYS = frozenset({"type", "name"})
 
 
 # --- tools --------------------------------------------------------------------------
 
 
-def decode_tools(value: Any) -> tuple[FunctionTool, ...]:
-    """``tools`` (None: no tools). Function names must be unique."""
+def decode_tools(value: Any) -> tuple[tuple[FunctionTool, ...], tuple[tuple[str, str], ...]]:
+    """``tools`` (None: no tools) -> (the tools, a namespace's flattened into it; each
+    namespace's (name, description)). Names (qualified) must be unique."""
     if value is None:
-        return ()
-    tools = tuple(_tool(t, path("tools", i)) for i, t in enumerate(check_array(value, "tools")))
+        return (), ()
+    tools: list[FunctionTool] = []
+    namespaces: list[tuple[str, str]] = []
+    for i, obj in enumerate(check_array(value, "tools")):
+        where = path("tools", i)
+        check_object(obj, where)
+        if obj.get("type") == "namespace":
+            name, description, inner = _namespace(obj, where)
+            namespaces.append((name, description))
+            tools += inner
+        else:
+            tools.append(_tool(obj, where))
     seen: set[str] = set()
-    for i, t in enumerate(tools):
+    for t in tools:
         if t.name in seen:
-            raise Refusal(
-                f"Invalid 'tools[{i}].name': duplicate function name '{t.name}'.",
-                param=f"tools[{i}].name",
-                code="invalid_value",
-            )
+            raise Refusal(f"Invalid '{t.where}.name': duplicate tool name '{t.name}'.", param=f"{t.where}.name",
+                          code="invalid_value")
         seen.add(t.name)
-    return tools
+    return tuple(tools), tuple(namespaces)
 
 
-def _tool(obj: Any, param: str) -> FunctionTool:
+def _namespace(obj: Mapping[str, Any], param: str) -> tuple[str, str, list[FunctionTool]]:
+    check_known_keys(obj, param, _NAMESPACE_KEYS)
+    name = req_name(obj, "name", param)
+    description = req_str(obj, "description", param)
+    inner = []
+    for j, tool in enumerate(check_array(require(obj, "tools", param), path(param, "tools"))):
+        where = path(path(param, "tools"), j)
+        check_object(tool, where)
+        kind = req_str(tool, "type", where)
+        if kind not in ("function", "custom"):
+            raise invalid_choice(path(where, "type"), kind, ("function", "custom"))
+        inner.append(_tool(tool, where, namespace=name))
+    return name, description, inner
+
+
+def _tool(obj: Any, param: str, namespace: str | None = None) -> FunctionTool:
     check_object(obj, param)
     t = req_str(obj, "type", param)
+    if t == "custom":
+        return _custom(obj, param, namespace)
     if t != "function":
         if t in _OPENAI_TOOL_TYPES:
             raise Refusal(
-                f"Unsupported value: '{t}' tools are not supported by ignis; only 'function' tools are.",
+                f"Unsupported value: '{t}' tools are not supported by ignis (it runs no hosted tools); "
+                "'function', 'custom' and 'namespace' tools are.",
                 param=path(param, "type"),
                 code="unsupported_value",
             )
-        raise invalid_choice(path(param, "type"), t, ("function",))
+        raise invalid_choice(path(param, "type"), t, ("function", "custom", "namespace"))
     _check_tool_keys(obj, param)
     name = req_name(obj, "name", param)
     description = opt_str(obj, "description", param)
@@ -119,7 +149,31 @@ def _tool(obj: Any, param: str) -> FunctionTool:
         check_strict_schema(
             parameters, owner=f"function '{name}'", param=path(param, "parameters"), code="invalid_function_parameters"
         )
-    return FunctionTool(name, description, parameters, strict)
+    return FunctionTool(_qualified(namespace, name), description, parameters, strict, namespace=namespace, where=param)
+
+
+def _qualified(namespace: str | None, name: str) -> str:
+    return name if namespace is None else f"{namespace}.{name}"
+
+
+def _custom(obj: Mapping[str, Any], param: str, namespace: str | None) -> FunctionTool:
+    check_known_keys(obj, param, _CUSTOM_KEYS, _CUSTOM_UNSUPPORTED)
+    name = req_name(obj, "name", param)
+    description = opt_str(obj, "description", param)
+    fmt = CustomFormat()
+    raw = obj.get("format")
+    if raw is not None:
+        where = path(param, "format")
+        check_object(raw, where)
+        kind = check_enum(require(raw, "type", where), path(where, "type"), ("text", "grammar"))
+        if kind == "grammar":
+            check_known_keys(raw, where, frozenset({"type", "syntax", "definition"}))
+            syntax = check_enum(require(raw, "syntax", where), path(where, "syntax"), ("lark", "regex"))
+            definition = req_str(raw, "definition", where)
+            fmt = CustomFormat(syntax, definition)
+        else:
+            check_known_keys(raw, where, frozenset({"type"}))
+    return FunctionTool(_qualified(namespace, name), description, namespace=namespace, format=fmt, where=param)
 
 
 def _check_tool_keys(obj: Mapping[str, Any], param: str) -> None:
@@ -165,13 +219,13 @@ def decode_tool_choice(value: Any, tools: tuple[FunctionTool, ...]) -> ToolChoic
         return _mode(value, names)
     check_object(value, _CHOICE)
     t = req_str(value, "type", _CHOICE)
-    if t == "function":
-        return ToolChoice("required", _tool_name(value, _CHOICE, names, "Tool choice 'function' with name '{}'"))
+    if t in ("function", "custom"):
+        return ToolChoice("required", _tool_name(value, _CHOICE, names, f"Tool choice '{t}' with name '{{}}'"), kind=t)
     if t == "allowed_tools":
         return _allowed_tools(value, names)
     if t in _OPENAI_TOOL_CHOICE_TYPES:
-        raise unsupported_value(path(_CHOICE, "type"), t, "tool_choice (only 'function' and 'allowed_tools' are)")
-    raise invalid_choice(path(_CHOICE, "type"), t, ("function", "allowed_tools"))
+        raise unsupported_value(path(_CHOICE, "type"), t, "tool_choice (only 'function', 'custom' and 'allowed_tools' are)")
+    raise invalid_choice(path(_CHOICE, "type"), t, ("function", "custom", "allowed_tools"))
 
 
 def _mode(value: str, names: tuple[str, ...]) -> ToolChoice:
@@ -203,8 +257,8 @@ def _allowed_tools(value: Mapping[str, Any], names: tuple[str, ...]) -> ToolChoi
 def _allowed_entry(entry: Any, param: str, names: tuple[str, ...]) -> str:
     check_object(entry, param)
     t = req_str(entry, "type", param)
-    if t != "function":
-        raise unsupported_value(path(param, "type"), t, "allowed tools (only 'function' is)")
+    if t not in ("function", "custom"):
+        raise unsupported_value(path(param, "type"), t, "allowed tools (only 'function' and 'custom' are)")
     return _tool_name(entry, param, names, "Tool '{}' in 'tool_choice.tools'")
 
 
