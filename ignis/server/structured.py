@@ -152,19 +152,24 @@ def _think(parser: ParserConfig, tokenizer: Any, body: str) -> list[str]:
 
 def _lazy_calls(parser: ParserConfig, tokenizer: Any, parallel: bool) -> tuple[str, list[str]]:
     """Free text in which each tool call the model opens is constrained: the body and its
-    rules. A tag that is one added token opens a call by its id; a text tag is the end of
-    a lazy lexeme (free text up to its first occurrence)."""
+    rules. A tag that is one added token opens a call by its id; a text tag ends a lazy
+    lexeme (free text up to its first occurrence). Free text never holds the tag's text,
+    so whatever the output parser would read as a call is one the grammar held."""
     start = _tag(parser.tool_start, tokenizer)
+    free = f"/(.|\\n)*/ & ~/(?s:.*){_regex_literal(parser.tool_start)}(?s:.*)/"
     if start.startswith("<["):
-        opened = f"TEXT? {start} call_body"
-        rules = []
+        rules = [f"opened: TEXT {start} call_body"]
     else:
-        opened = "text_then_tag call_body"
-        rules = [f"text_then_tag[lazy]: TEXT {start}"]
-    rules.append("TEXT: /(.|\\n)+/")
+        rules = ["opened: text_then_tag call_body", f"text_then_tag[lazy]: /(.|\\n)*/ {start}"]
+    rules.append(f"TEXT: {free}")
     if parallel:
-        return "(opened)* TEXT?", [f"opened: {opened}", *rules]
-    return "TEXT? | opened WS?", [f"opened: {opened}", *rules]
+        return "(opened)* TEXT", rules
+    return "TEXT | opened WS?", rules
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a regex matching it literally (inside /.../)."""
+    return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~/" else c for c in text)  # Rust's meta characters
 
 
 def output_grammar(
