@@ -28,7 +28,7 @@ preemption and recompute leave it as it is. Allowed sets come from a `TokenIndex
 built once per tokenizer: token bytes -> ids for "the token is a proper prefix of the
 remaining text" (one dict lookup per prefix length) and the token bytes sorted, for
 "the token starts with the remaining text" (a contiguous range, found by bisection;
-the runner keeps the sorted ids on the device and uploads only the range bounds).
+the sampler keeps the sorted ids on the device and uploads only the range bounds).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Allowed:
         return len(self.ids) + sum(hi - lo for lo, hi in self.ranges)
 
     def id_set(self, index: TokenIndex) -> set[int]:
-        """Every allowed id (tests and debugging; the runner never builds this)."""
+        """Every allowed id (tests, and grammar rows with a constraint; forced rows use ranges)."""
         out = set(self.ids)
         for lo, hi in self.ranges:
             out.update(index.order[lo:hi].tolist())
@@ -115,7 +115,7 @@ class TokenIndex:
         self.max_len = max(map(len, self.by_bytes), default=0)
         pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
         self.keys = [b for b, _ in pairs]
-        # Ids in byte order: the runner uploads this once and slices it by range.
+        # Ids in byte order: the sampler uploads this once and slices it by range.
         self.order = np.fromiter((i for _, i in pairs), dtype=np.int64, count=len(pairs))
 
     def bytes_of(self, token_id: int) -> bytes:
@@ -240,7 +240,7 @@ class ConstraintState:
             self._phase, self.satisfied = _DONE, True
             return
         alive = tuple(choice for choice in self.alive if choice.startswith(text))
-        if not alive:  # a token outside the mask (cannot happen through the runner)
+        if not alive:  # a token outside the mask (cannot happen through the sampler)
             self._phase = _DONE
             return
         self.generated, self.alive = text, alive

@@ -28,8 +28,9 @@ from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.constraint import ConstraintState, token_index
 from ignis.engine.grammar import GrammarState, ll_tokenizer
-from ignis.engine.model_runner import ModelRunner, StepResult, TopLogprobs
+from ignis.engine.model_runner import ModelRunner, StepResult
 from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
+from ignis.engine.sampler import TopLogprobs
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.scheduler import ScheduledBatch, Scheduler
 from ignis.engine.sequence import Sequence

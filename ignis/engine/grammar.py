@@ -6,7 +6,7 @@ A `Grammar` is a compiled llguidance grammar (JSON Schema, any JSON object, Lark
 regex; Lark may embed JSON schemas with ``%json {...}``). At submit the engine builds a
 `GrammarState` for the sequence: an `llguidance.LLMatcher` over the tokenizer's
 `LLTokenizer` (built once per tokenizer and logits width, from the `tokenizers`
-pipeline JSON ignis already has). Per step the runner asks each constrained row for
+pipeline JSON ignis already has). Per step the sampler asks each constrained row for
 its next-token bitmask (`fill_masks`) and applies it to the logits before penalties,
 temperature and the filters (kernels.token_mask); the engine `advance`s the matcher
 with each sampled token. Semantics:
@@ -106,7 +106,7 @@ def ll_tokenizer(tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's view of `tokenizer` (ignis.model.tokenizer.Tokenizer) for logits
     `vocab_size` wide: built on first use (~0.2-0.4 s for 49k tokens), then cached per
     tokenizer. It knows the tokenizer's ids only: llguidance gives ids past them (an
-    embedding padded for speed) placeholder bytes and may allow them, so the runner
+    embedding padded for speed) placeholder bytes and may allow them, so the sampler
     masks every id past the tokenizer's and past the logits. EOS: every id that ends
     generation for the model."""
     with _lock:  # the server builds it in a worker thread while the engine may ask

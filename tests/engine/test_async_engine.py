@@ -195,15 +195,15 @@ def test_forward_failure_fails_that_step_only(tiny: LoadedModel, monkeypatch: py
 def test_sampling_failure_of_one_row_fails_that_request(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         engine = make(tiny)
-        runner = engine.engine.runner
-        real = runner._sample_rows
+        sampler = engine.engine.runner.sampler
+        real = sampler._sample_rows
 
         def picky(logits, rows):
             if any(s.seed == 13 for s in rows):
                 raise ValueError("bad row")
             return real(logits, rows)
 
-        monkeypatch.setattr(runner, "_sample_rows", picky)
+        monkeypatch.setattr(sampler, "_sample_rows", picky)
         streams = [engine.submit([5, 6, 7], SamplingParams(max_tokens=4, seed=s, ignore_eos=True)) for s in (11, 13, 17)]
         results = [await s.collect() for s in streams]
         assert [r.finish_reason for r in results] == [FinishReason.LENGTH, FinishReason.ERROR, FinishReason.LENGTH]

@@ -100,7 +100,7 @@ def test_penalty_token_buffers_follow_the_sequences(tiny: LoadedModel) -> None:
         rows = [s for s in engine.seqs.values() if s.num_output_tokens]
         if not rows or step % 7:
             continue
-        got = engine.runner._penalty_tokens(rows)
+        got = engine.runner.sampler._penalty_tokens(rows)
         uses = [s.params.uses_penalties for s in rows]
         want_p = _pad([s.token_ids[: s.num_prompt_tokens] if u else [] for s, u in zip(rows, uses)], "cpu")
         want_o = _pad([s.token_ids[s.num_prompt_tokens :] if u else [] for s, u in zip(rows, uses)], "cpu")
