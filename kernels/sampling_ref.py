@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.sampling_params import GREEDY_EPS, SamplingTensors
+from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 from kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
 
 _M32 = 0xFFFFFFFF

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sampling_params import GREEDY_EPS, SamplingTensors
+from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 from kernels.sampling_penalties import apply_penalties_
 
 _NEG_INF = tl.constexpr(float("-inf"))
