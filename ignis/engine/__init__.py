@@ -15,18 +15,18 @@
 
 from ignis.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from ignis.engine.engine import EngineStats, LLMEngine
-from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
+from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
 from ignis.engine.sampling_params import SamplingParams
 
 __all__ = [
     "AsyncEngine",
     "Completion",
     "EngineDeadError",
+    "EngineFinish",
     "EngineStats",
-    "FinishReason",
+    "EngineUsage",
     "LLMEngine",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
-    "Usage",
 ]

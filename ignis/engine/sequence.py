@@ -14,7 +14,7 @@ import time
 
 from ignis.engine.constraint import ConstraintState
 from ignis.engine.grammar import GrammarState
-from ignis.engine.outputs import FinishReason
+from ignis.engine.outputs import EngineFinish
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.stop import TextStream
 
@@ -64,7 +64,7 @@ class Sequence:
         self.block_hashes: list[int] = []  # hash chain of the full blocks seen so far
         self.num_published_blocks = 0  # leading blocks registered in the prefix cache
         self.num_cached_tokens: int | None = None  # prefix hit at first admission
-        self.finish_reason: FinishReason | None = None
+        self.finish_reason: EngineFinish | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         # Not yet reported to the caller.

@@ -237,7 +237,7 @@ def _load_scripted(script: str | None, device: torch.device, name: str | None) -
 
 
 def load_model_from_config(cfg: Any, max_num_seqs: int | None = None) -> LoadedModel:
-    """`load_model` with the keys of the `model` config group (ignis.config.ModelConfig);
+    """`load_model` with the keys of the `model` config group (ignis.config.ModelSettings);
     max_num_seqs (the engine's) lets weight_form "auto" pick for the batch it will serve."""
     fmt = getattr(cfg.format, "value", cfg.format)
     return load_model(

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ignis.engine import FinishReason, RequestStream
+from ignis.engine import EngineFinish, RequestStream
 from ignis.output_parser import OutputParser
 from ignis.server.constraints import missing_call_message
 from protocol.deltas import Delta, ReasoningDelta, TextDelta, ToolCallEnd
@@ -46,7 +46,7 @@ Emit = Callable[[list[dict[str, Any]]], Awaitable[None]]
 @dataclass
 class Outcome:
     status: str  # completed | incomplete | cancelled | failed | timeout | client_closed
-    finish: FinishReason | None
+    finish: EngineFinish | None
     usage: Usage
     error: str | None = None
     ttft: float | None = None  # seconds from `started` to the first output token
@@ -244,7 +244,7 @@ async def drive(
             router.settle(parser.settled)
         if out.finished:
             final = out
-            if out.finish_reason is not FinishReason.ERROR:
+            if out.finish_reason is not EngineFinish.ERROR:
                 tail = parser.finish()
                 deltas += router.attach(tail, parser.text_spans) if router is not None else tail
         if single_call and deltas:
@@ -269,32 +269,32 @@ async def drive(
             await emit(events)
     else:  # the stream ended without a final output (cannot happen with RequestStream)
         events = []
-    reason = final.finish_reason if final is not None else FinishReason.ERROR
-    if cut and reason is FinishReason.ABORT:
-        reason = FinishReason.STOP
+    reason = final.finish_reason if final is not None else EngineFinish.ERROR
+    if cut and reason is EngineFinish.ABORT:
+        reason = EngineFinish.STOP
     usage = _usage(final, reasoning_tokens)
     error = None
     required = parser.config.required_tools
-    if reason is FinishReason.STOP and required and not any(n in required for n in parser.call_names):
+    if reason is EngineFinish.STOP and required and not any(n in required for n in parser.call_names):
         # tool_choice demanded a call (its start was forced) and none came out valid:
         # the model's malformed block is text, and the response must not pass for a call.
         status = "failed"
         error = missing_call_message(required)
         events += encoder.fail(error, "server_error", usage)
-    elif reason is FinishReason.STOP or reason is FinishReason.PREWARM:
+    elif reason is EngineFinish.STOP or reason is EngineFinish.PREWARM:
         status = "completed"
         events += encoder.finish("tool_calls" if parser.saw_tool_call else "stop", usage)
-    elif reason is FinishReason.LENGTH:
+    elif reason is EngineFinish.LENGTH:
         status = "incomplete"
         events += encoder.finish("length", usage)
-    elif reason is FinishReason.ABORT:
+    elif reason is EngineFinish.ABORT:
         status = "cancelled"
         if abort_error is None:
             events += encoder.cancel(usage)
         else:  # an encoder with no cancelled ending (chat): a failure saying why
             error = abort_error
             events += encoder.fail(abort_error, "server_shutting_down", usage)
-    elif reason is FinishReason.DEADLINE:
+    elif reason is EngineFinish.DEADLINE:
         status, error = "timeout", timeout_message
         events += encoder.fail(timeout_message, timeout_code, usage)
     else:
