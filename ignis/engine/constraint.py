@@ -33,14 +33,15 @@ the sampler keeps the sorted ids on the device and uploads only the range bounds
 
 from __future__ import annotations
 
-import threading
-import weakref
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ignis.model.tokenizer import Tokenizer
 
 __all__ = ["Allowed", "ConstraintState", "OutputConstraint", "TokenIndex", "token_index"]
 
@@ -136,23 +137,17 @@ class TokenIndex:
         return ids, (lo, hi)
 
 
-_indexes: weakref.WeakKeyDictionary[Any, dict[int, TokenIndex]] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def token_index(tokenizer: Any, vocab_size: int) -> TokenIndex:
+def token_index(tokenizer: Tokenizer, vocab_size: int) -> TokenIndex:
     """The index of `tokenizer`'s first `vocab_size` ids (the logits' width), built on
-    first use and cached per tokenizer. Needs `tokenizer.token_bytes` (byte-level
+    first use and kept on the tokenizer (`Tokenizer.memo`: the server warms it in a
+    worker thread while the engine may ask). Needs `tokenizer.token_bytes` (byte-level
     vocabularies; added tokens count as the bytes of their text)."""
-    with _lock:  # the server warms it in a worker thread while the engine may ask
-        per = _indexes.get(tokenizer)
-        if per is None:
-            per = _indexes[tokenizer] = {}
-        index = per.get(vocab_size)
-        if index is None:
-            n = min(vocab_size, tokenizer.vocab_size)
-            index = per[vocab_size] = TokenIndex([tokenizer.token_bytes(i) for i in range(n)])
-        return index
+
+    def build() -> TokenIndex:
+        n = min(vocab_size, tokenizer.vocab_size)
+        return TokenIndex([tokenizer.token_bytes(i) for i in range(n)])
+
+    return tokenizer.memo(("token_index", vocab_size), build)
 
 
 _THINKING, _FIRST, _FORCING, _DONE = range(4)

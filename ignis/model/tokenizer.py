@@ -13,13 +13,17 @@ from __future__ import annotations
 import codecs
 import json
 import logging
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tokenizers
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_MISSING = object()
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
 _CONTROL = 3
@@ -214,6 +218,11 @@ class Tokenizer:
         self.cuts_at_word_spaces = _cuts_at_word_spaces(spec)
         self._token_bytes: list[bytes] | None = None
         self._max_token_bytes: int | None = None
+        self._pieces: dict[int, tuple[str, bytes | None]] = {}
+        self._single_ids: dict[str, int | None] = {}
+        self._memo: dict[Any, Any] = {}
+        self._memo_locks: dict[Any, threading.Lock] = {}
+        self._memo_lock = threading.Lock()
 
         added = self._full.get_added_tokens_decoder()
         self.added_tokens: dict[str, int] = {t.content: i for i, t in added.items()}
@@ -443,6 +452,40 @@ class Tokenizer:
         normalizer = self._full.normalizer
         return len(text) if normalizer is None else len(normalizer.normalize_str(text))
 
+    # --- per-tokenizer caches ----------------------------------------------------------------
+
+    def piece(self, token_id: int) -> tuple[str, bytes | None]:
+        """(the id decoded alone, specials included; its bytes on a byte-level vocabulary,
+        else None), cached: a logprobs step names 1 + N ids, each decoded once per model."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            raw = self.token_bytes(token_id) if self._byte_level else None
+            piece = self._pieces[token_id] = (self._full.decode([token_id], skip_special_tokens=False), raw)
+        return piece
+
+    def single_token_id(self, text: str) -> int | None:
+        """The id `text` encodes to (added tokens matched) when that is one token, else None;
+        cached per text (a chat format's tags, asked for on every request)."""
+        if text not in self._single_ids:
+            ids = self.encode(text, special=True, add_bos=False)
+            self._single_ids[text] = ids[0] if len(ids) == 1 else None
+        return self._single_ids[text]
+
+    def memo(self, key: Any, build: Callable[[], T]) -> T:
+        """`build()` once per key for the life of this tokenizer: tables other packages
+        derive from it (the engine's token index, llguidance's tokenizer). Thread-safe (a
+        server warms them in worker threads while the engine may ask); one key's build
+        never waits on another's."""
+        value = self._memo.get(key, _MISSING)
+        if value is _MISSING:
+            with self._memo_lock:
+                lock = self._memo_locks.setdefault(key, threading.Lock())
+            with lock:
+                value = self._memo.get(key, _MISSING)
+                if value is _MISSING:
+                    value = self._memo[key] = build()
+        return value  # type: ignore[return-value]
+
     def _byte_table(self) -> list[bytes]:
         unspell = {c: b for b, c in byte_to_unicode().items()}
         added = self._full.get_added_tokens_decoder()
@@ -489,9 +532,6 @@ class IncrementalDecoder:
             return self._utf8.decode(self._tokenizer.token_bytes(token_id))
         self._ids.append(token_id)
         return self._advance(final=False)
-
-    def add_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.add(i) for i in token_ids)
 
     def flush(self) -> str:
         """Text still held back (an incomplete character at the end becomes U+FFFD)."""
