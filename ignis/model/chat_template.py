@@ -371,7 +371,19 @@ def encode_chat(
         if token_count is not None:
             token_count.tokenized += len(ids)
         return ids
-    text = render(*neutral)
+    return _encode_around_markup(tokenizer, render(*neutral), originals, token_cache, token_count, max_chars)
+
+
+def _encode_around_markup(
+    tokenizer: Tokenizer,
+    text: str,
+    originals: dict[str, str],
+    token_cache: TokenCache | None,
+    token_count: TokenCount | None,
+    max_chars: int | None,
+) -> list[int]:
+    """The ids of `text`, rendered from neutralized client strings: its added tokens (all
+    the template's own), and the plain text between them with the client's strings put back."""
     spans = (token_cache or tokenizer).added_token_spans(text)
     starts = [0] + [end for _, end, _ in spans]
     stops = [start for start, _, _ in spans] + [len(text)]

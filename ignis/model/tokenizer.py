@@ -177,6 +177,61 @@ def _ids_from(value: Any) -> list[int]:
     return []
 
 
+def _gguf_vocab(tokens: list[str], types: list[int]) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """A GGUF vocabulary as the BPE model's (spelling -> id) and its added tokens."""
+    spelling = byte_to_unicode()
+    alphabet = set(spelling.values())
+    vocab: dict[str, int] = {}
+    added: list[dict[str, Any]] = []
+    for token_id, (token, token_type) in enumerate(zip(tokens, types)):
+        if token_type in (_CONTROL, _USER_DEFINED):
+            # Kept as written, so the added token and the vocabulary entry share this id.
+            key = token
+            added.append(_added_token(token_id, token, special=token_type == _CONTROL))
+        elif set(token) <= alphabet:
+            key = token
+        else:
+            # llama.cpp writes some tokens as raw text; the BPE model needs the byte spelling.
+            key = "".join(spelling[b] for b in token.encode("utf-8"))
+        if key in vocab:
+            log.warning("GGUF vocabulary repeats %r (ids %d and %d); keeping the first", key, vocab[key], token_id)
+            continue
+        vocab[key] = token_id
+    return vocab, added
+
+
+def _gguf_pipeline_spec(tokens: list[str], types: list[int], merges: list[str], pre: str) -> dict[str, Any]:
+    """The `tokenizers` pipeline (JSON) of a GGUF byte-level BPE whose pre-tokenizer
+    `tokenizer.ggml.pre` names."""
+    pre_tokenizer = _GGUF_PRE_TOKENIZERS.get(pre)
+    if pre_tokenizer is None:
+        log.warning("unknown GGUF pre-tokenizer %r: splitting text as GPT-2 does", pre)
+        pre_tokenizer = _GPT2
+    vocab, added = _gguf_vocab(tokens, types)
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "NFC"} if pre in _NFC_PRE else None,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": pre in _TIKTOKEN_STYLE,
+            "vocab": vocab,
+            "merges": [m.split(" ", 1) for m in merges],
+        },
+    }
+
+
 class Tokenizer:
     """Encode and decode text for one model.
 
@@ -259,54 +314,7 @@ class Tokenizer:
         types: list[int] = _gguf_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
         merges: list[str] = _gguf_value(reader, "tokenizer.ggml.merges") or []
         pre = _gguf_value(reader, "tokenizer.ggml.pre", "default")
-
-        pre_tokenizer = _GGUF_PRE_TOKENIZERS.get(pre)
-        if pre_tokenizer is None:
-            log.warning("unknown GGUF pre-tokenizer %r: splitting text as GPT-2 does", pre)
-            pre_tokenizer = _GPT2
-
-        spelling = byte_to_unicode()
-        alphabet = set(spelling.values())
-        vocab: dict[str, int] = {}
-        added: list[dict[str, Any]] = []
-        for token_id, (token, token_type) in enumerate(zip(tokens, types)):
-            if token_type in (_CONTROL, _USER_DEFINED):
-                # Kept as written, so the added token and the vocabulary entry share this id.
-                key = token
-                added.append(_added_token(token_id, token, special=token_type == _CONTROL))
-            elif set(token) <= alphabet:
-                key = token
-            else:
-                # llama.cpp writes some tokens as raw text; the BPE model needs the byte spelling.
-                key = "".join(spelling[b] for b in token.encode("utf-8"))
-            if key in vocab:
-                log.warning("GGUF vocabulary repeats %r (ids %d and %d); keeping the first", key, vocab[key], token_id)
-                continue
-            vocab[key] = token_id
-
-        spec = {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": added,
-            "normalizer": {"type": "NFC"} if pre in _NFC_PRE else None,
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-            "model": {
-                "type": "BPE",
-                "dropout": None,
-                "unk_token": None,
-                "continuing_subword_prefix": None,
-                "end_of_word_suffix": None,
-                "fuse_unk": False,
-                "byte_fallback": False,
-                "ignore_merges": pre in _TIKTOKEN_STYLE,
-                "vocab": vocab,
-                "merges": [m.split(" ", 1) for m in merges],
-            },
-        }
-        pipeline = tokenizers.Tokenizer.from_str(json.dumps(spec))
+        pipeline = tokenizers.Tokenizer.from_str(json.dumps(_gguf_pipeline_spec(tokens, types, merges, pre)))
 
         def token_at(key: str) -> str | None:
             token_id = _gguf_value(reader, f"tokenizer.ggml.{key}")
