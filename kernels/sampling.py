@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import Backend, use_triton
-from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 from kernels.sampling_ref import logprob_distribution, sample_ref
+from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 __all__ = ["GREEDY_EPS", "SamplingTensors", "logprob_distribution", "sample", "sample_ref"]
 

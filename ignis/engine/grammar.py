@@ -137,10 +137,6 @@ class GrammarState:
         """The grammar is complete and allows nothing more (not even whitespace)."""
         return self.matcher.is_stopped()
 
-    @property
-    def accepting(self) -> bool:
-        return self.matcher.is_accepting()
-
     def error(self) -> str | None:
         return self.matcher.get_error() or None if self.matcher.is_error() else None
 

@@ -10,7 +10,6 @@ preemption are the same thing to every part of the engine.
 from __future__ import annotations
 
 import enum
-import time
 
 from ignis.engine.constraint import ConstraintState
 from ignis.engine.grammar import GrammarState
@@ -57,7 +56,6 @@ class Sequence:
         # The output grammar's matcher (None: unconstrained, or finished). Like the
         # constraint it depends only on the output tokens, which a preemption keeps.
         self.grammar = grammar
-        self.arrival = time.monotonic()
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []

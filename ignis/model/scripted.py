@@ -130,9 +130,6 @@ class Script:
     def rule_for(self, role: str, text: str) -> Rule:
         return next((r for r in self.rules if r.matches(role, text)), Rule(self.default))
 
-    def reply_for(self, role: str, text: str) -> str:
-        return self.rule_for(role, text).reply
-
 
 class ScriptedModel(nn.Module):
     """Same interface as `Transformer`: forward -> "hidden" [T, 1] holding, at each

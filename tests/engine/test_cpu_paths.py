@@ -65,10 +65,10 @@ def test_engine_matches_the_simple_generator_with_sliding_windows(tmp_path) -> N
     """A Qwen2 checkpoint with sliding-window layers through the engine (batched CPU
     attention, chunked prefill beside decodes) and through reference_generate.py (the
     kernels' reference, one prefill): the same greedy tokens."""
+    from reference_generate import generate
     from tiny_models import build_tiny_model
 
     from ignis.model import load_model
-    from reference_generate import generate
 
     path = build_tiny_model(
         tmp_path / "qwen2-sw", "qwen2", num_layers=3, use_sliding_window=True, sliding_window=5, max_window_layers=1,
