@@ -129,16 +129,25 @@ def paged_attention_triton(
         num_stages=cfg.num_stages,
     )
     if num_splits > 1:
-        combine_splits_kernel[(num_tokens, num_q_heads)](
-            part_m, part_l, part_acc, out, query_start_loc,
-            num_seqs, num_q_heads, head_dim,
-            *out.stride(),
-            NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            HEAD_DIM=head_dim_pad,
-            num_warps=4 if head_dim_pad >= 128 else 2,
-        )
+        _combine(part_m, part_l, part_acc, out, query_start_loc, num_seqs, head_dim_pad)
     return out
+
+
+def _combine(
+    part_m: torch.Tensor, part_l: torch.Tensor, part_acc: torch.Tensor, out: torch.Tensor,
+    query_start_loc: torch.Tensor, num_seqs: int, head_dim_pad: int,
+) -> None:
+    """Merge the split-KV partials [tokens, heads, splits, ...] into `out` (a second launch)."""
+    num_tokens, num_q_heads, num_splits = part_m.shape
+    combine_splits_kernel[(num_tokens, num_q_heads)](
+        part_m, part_l, part_acc, out, query_start_loc,
+        num_seqs, num_q_heads, out.shape[2],
+        *out.stride(),
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim_pad,
+        num_warps=4 if head_dim_pad >= 128 else 2,
+    )
 
 
 def _partials(out: torch.Tensor, num_splits: int, head_dim_pad: int) -> tuple[torch.Tensor, ...]:
