@@ -59,7 +59,7 @@ def offline(qs: list[str], max_tokens: int, threads: int | None = None) -> dict:
     from ignis.engine import LLMEngine
     from ignis.model import load_model
     from ignis.server.render import Renderer
-    from ignis.server.responses_http import prepare
+    from ignis.server.prepare import prepare_response as prepare
     from protocol.decode import decode_request
 
     if "loaded" not in _OFFLINE:

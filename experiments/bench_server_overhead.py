@@ -60,7 +60,7 @@ def main() -> None:
     from ignis.model.embedded import smollm2_gguf_path
     from ignis.model.tokenizer import Tokenizer
     from ignis.server.render import Renderer
-    from ignis.server.responses_http import prepare
+    from ignis.server.prepare import prepare_response as prepare
     from ignis.server.sse import responses_text
     from protocol.decode import decode_item, decode_json, decode_request
     from protocol.deltas import TextDelta

@@ -1,9 +1,10 @@
 """`POST /v1/chat/completions`: request body -> `ChatRequest`, or a `Refusal`.
 
-`decode_chat_request(body)` takes the parsed JSON (`load_json_body` parses bytes and
-refuses bad JSON) and returns a frozen `ChatRequest` whose ``messages`` are the
-internal conversation (`protocol.conversation.ChatMessage`), the same list the
-Responses decoder produces, so both endpoints render identical prompts. Every
+`decode_chat_request(body)` takes the parsed JSON (`protocol.checks.decode_json`
+parses bytes and refuses bad JSON; `decode_chat_request_bytes` does both) and
+returns a frozen `ChatRequest` whose ``messages`` are the internal conversation
+(`protocol.conversation.ChatMessage`), the same list the Responses decoder
+produces, so both endpoints render identical prompts. Every
 mistake raises `protocol.errors.Refusal` (status 400, ``invalid_request_error``)
 with ``param`` at the offending value in OpenAI's notation
 (``messages[2].content[0].type``, ``tools[0].function.name``) and one of these codes:
@@ -44,22 +45,28 @@ Pure stdlib: no ignis, sanic, torch or asyncio.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from protocol.checks import (
+    a_type,
     check_array,
-    check_bool,
+    check_body,
     check_enum,
     check_int,
     check_known_keys,
     check_object,
     check_str,
-    check_unicode,
+    decode_json,
+    invalid_json,
+    opt_bool,
+    opt_enum,
+    opt_str,
     path,
     refuse_missing,
+    refuse_unsupported_parameter,
+    req_str,
     require,
 )
 from protocol.conversation import (
@@ -77,7 +84,6 @@ __all__ = [
     "ChatRequest",
     "decode_chat_request",
     "decode_chat_request_bytes",
-    "load_json_body",
     "TOP_LEVEL_KEYS",
     "TOOL_NAME_PATTERN",
 ]
@@ -195,47 +201,12 @@ class ChatRequest:
         return self.sampling.top_logprobs or 0
 
 
-# --------------------------------------------------------------------------- JSON
-
-
-def load_json_body(raw: bytes | bytearray | memoryview | str) -> Any:
-    """Parse a request body; refuse anything that is not valid JSON (code ``invalid_json``).
-
-    Strict JSON: ``NaN``/``Infinity`` are refused, bytes must be UTF-8 (a BOM is
-    tolerated). Returns whatever JSON value it holds; `decode_chat_request` refuses
-    a non-object.
-    """
-    try:
-        if isinstance(raw, (bytes, bytearray, memoryview)):
-            text = bytes(raw).decode("utf-8-sig")
-        else:
-            text = raw[1:] if raw.startswith("\ufeff") else raw
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError, TypeError):
-        raise _invalid_json() from None
-    check_unicode(value, text)
-    return value
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"not JSON: {name}")
-
-
-def _invalid_json(detail: str = "") -> Refusal:
-    return Refusal(
-        "We could not parse the JSON body of your request. The API expects a JSON object"
-        f" as the request body{detail}.",
-        param=None,
-        code="invalid_json",
-    )
-
-
 # --------------------------------------------------------------------------- entry points
 
 
 def decode_chat_request_bytes(raw: bytes | bytearray | memoryview | str) -> ChatRequest:
-    """`load_json_body` then `decode_chat_request`."""
-    return decode_chat_request(load_json_body(raw))
+    """`protocol.checks.decode_json` then `decode_chat_request`."""
+    return decode_chat_request(decode_json(raw))
 
 
 def decode_chat_request(body: Any) -> ChatRequest:
@@ -245,92 +216,41 @@ def decode_chat_request(body: Any) -> ChatRequest:
     except Refusal:
         raise
     except RecursionError:
-        raise _invalid_json(" (nested too deeply)") from None
+        raise invalid_json("nested too deeply") from None
 
 
 def _decode(body: Any) -> ChatRequest:
-    if not isinstance(body, Mapping):
-        raise _invalid_json(f", but got {_json_kind(body)}")
+    check_body(body)
     check_known_keys(body, "", TOP_LEVEL_KEYS)
-
     for key, why in _UNSUPPORTED_PARAMS.items():
         if body.get(key) is not None:
-            raise Refusal(
-                f"Unsupported parameter: '{key}' is not supported by ignis. {why}",
-                param=key,
-                code="unsupported_parameter",
-            )
-
-    model = check_str(require(body, "model", ""), "model", min_len=1)
+            refuse_unsupported_parameter(key, why)
+    # Checked in this order, so that the first mistake is the one refused.
+    model = req_str(body, "model", min_len=1)
     messages = _decode_messages(body)
     tools = _decode_tools(body.get("tools"))
     tool_choice = _decode_tool_choice(body.get("tool_choice"), tools)
-    parallel = body.get("parallel_tool_calls")
-    parallel = True if parallel is None else check_bool(parallel, "parallel_tool_calls")
-
-    n = body.get("n")
-    if n is not None and check_int(n, "n", ge=1) > 1:
-        raise Refusal(
-            f"Unsupported value: 'n' must be 1 with ignis (one choice per request), got {n}.",
-            param="n",
-            code="unsupported_value",
-        )
-
-    stream = body.get("stream")
-    stream = False if stream is None else check_bool(stream, "stream")
+    parallel = opt_bool(body, "parallel_tool_calls")
+    _check_n(body.get("n"))
+    stream = bool(opt_bool(body, "stream"))
     include_usage = _decode_stream_options(body.get("stream_options"), stream)
-
-    # reasoning_effort is checked here too: `extract_sampling` skips it when an
-    # explicit `thinking` wins, and a wrong value must not pass silently.
-    effort = body.get("reasoning_effort")
-    if effort is not None:
-        check_enum(effort, "reasoning_effort", EFFORTS)
-    sampling = extract_sampling(body, names=CHAT_NAMES, effort_param="reasoning_effort")
-
-    logprobs = body.get("logprobs")
-    logprobs = False if logprobs is None else check_bool(logprobs, "logprobs")
-    if sampling.top_logprobs is not None and not logprobs:
-        raise Refusal(
-            "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is given.",
-            param="top_logprobs",
-            code="invalid_value",
-        )
-
+    sampling = _decode_sampling(body)
+    logprobs = _decode_logprobs(body, sampling)
     response_format = _decode_response_format(body.get("response_format"))
     _check_modalities(body.get("modalities"))
     _check_logit_bias(body.get("logit_bias"))
-
-    user = _opt_str(body, "user")
-    _opt_str(body, "safety_identifier")
-    prompt_cache_key = _opt_str(body, "prompt_cache_key")
-    if body.get("store") is not None:
-        check_bool(body["store"], "store")
-    service_tier = body.get("service_tier")
-    if service_tier is not None:
-        check_enum(service_tier, "service_tier", _SERVICE_TIERS)
-    if body.get("prompt_cache_retention") is not None:
-        check_enum(body["prompt_cache_retention"], "prompt_cache_retention", ("in_memory", "24h"))
-    if body.get("prompt_cache_options") is not None:
-        check_object(body["prompt_cache_options"], "prompt_cache_options")
-    if body.get("verbosity") is not None:
-        check_enum(body["verbosity"], "verbosity", ("low", "medium", "high"))
-    metadata = _decode_metadata(body.get("metadata"))
-
     return ChatRequest(
         model=model,
         messages=messages,
         sampling=sampling,
         tools=tools,
         tool_choice=tool_choice,
-        parallel_tool_calls=parallel,
+        parallel_tool_calls=True if parallel is None else parallel,
         stream=stream,
         include_usage=include_usage,
         logprobs=logprobs,
-        user=user,
-        metadata=metadata,
-        prompt_cache_key=prompt_cache_key,
-        service_tier=service_tier,
         response_format=response_format,
+        **_ignored_fields(body),
     )
 
 
@@ -338,9 +258,7 @@ def _decode(body: Any) -> ChatRequest:
 
 
 def _decode_messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
-    raw = check_array(require(body, "messages", ""), "messages")
-    if not raw:
-        raise _empty_array("messages")
+    raw = check_array(require(body, "messages", ""), "messages", nonempty=True)
     out: list[ChatMessage] = []
     # Tool calls of the latest assistant turn not yet answered: id -> name, and its index.
     pending: dict[str, str] = {}
@@ -402,7 +320,7 @@ def _decode_message(item: Any, p: str) -> ChatMessage:
         )
     check_enum(role, path(p, "role"), _MESSAGE_ROLES)
     check_known_keys(obj, p, _MESSAGE_KEYS[role])
-    name = _opt_str(obj, "name", p)
+    name = opt_str(obj, "name", p)
 
     if role == "assistant":
         return _decode_assistant(obj, p, name)
@@ -411,16 +329,15 @@ def _decode_message(item: Any, p: str) -> ChatMessage:
     if content is None:
         refuse_missing(path(p, "content"))
     if role == "tool":
-        call = check_str(require(obj, "tool_call_id", p), path(p, "tool_call_id"))
-        return ChatMessage("tool", content, tool_call_id=call)
+        return ChatMessage("tool", content, tool_call_id=req_str(obj, "tool_call_id", p))
     return ChatMessage(role, content, name=name)
 
 
 def _decode_assistant(obj: Mapping[str, Any], p: str, name: str | None) -> ChatMessage:
     content = _decode_content(obj.get("content"), path(p, "content"), "assistant")
-    refusal = _opt_str(obj, "refusal", p)
-    reasoning = _opt_str(obj, "reasoning_content", p)
-    alias = _opt_str(obj, "reasoning", p)
+    refusal = opt_str(obj, "refusal", p)
+    reasoning = opt_str(obj, "reasoning_content", p)
+    alias = opt_str(obj, "reasoning", p)
     if reasoning is None:
         reasoning = alias
     for key in ("audio", "function_call"):
@@ -432,54 +349,39 @@ def _decode_assistant(obj: Mapping[str, Any], p: str, name: str | None) -> ChatM
             )
     if obj.get("annotations") is not None:
         check_array(obj["annotations"], path(p, "annotations"))
-
-    calls: list[ToolCall] = []
-    raw_calls = obj.get("tool_calls")
-    if raw_calls is not None:
-        cp = path(p, "tool_calls")
-        seen: set[str] = set()
-        for j, rc in enumerate(check_array(raw_calls, cp)):
-            call = _decode_tool_call(rc, path(cp, j))
-            if call.id in seen:
-                raise Refusal(
-                    f"Invalid '{cp}[{j}].id': duplicate tool call id {call.id!r}.",
-                    param=path(path(cp, j), "id"),
-                    code="invalid_value",
-                )
-            seen.add(call.id)
-            calls.append(call)
-
+    calls = _decode_tool_calls(obj.get("tool_calls"), path(p, "tool_calls"))
     if refusal:
         content = (content or "") + refusal
     if content is None and not calls and reasoning is None:
         # OpenAI: content is required unless tool_calls is given.
         refuse_missing(path(p, "content"))
-    return ChatMessage(
-        "assistant", content or "", reasoning=reasoning, tool_calls=tuple(calls), name=name
-    )
+    return ChatMessage("assistant", content or "", reasoning=reasoning, tool_calls=calls, name=name)
+
+
+def _decode_tool_calls(raw: Any, p: str) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    calls: list[ToolCall] = []
+    seen: set[str] = set()
+    for j, entry in enumerate(check_array(raw, p)):
+        call = _decode_tool_call(entry, path(p, j))
+        if call.id in seen:
+            raise Refusal(
+                f"Invalid '{p}[{j}].id': duplicate tool call id {call.id!r}.",
+                param=path(path(p, j), "id"),
+                code="invalid_value",
+            )
+        seen.add(call.id)
+        calls.append(call)
+    return tuple(calls)
 
 
 def _decode_tool_call(raw: Any, p: str) -> ToolCall:
-    obj = check_object(raw, p)
-    kind = require(obj, "type", p)
-    if kind == "custom":
-        raise Refusal(
-            f"Unsupported value: '{p}.type' does not support 'custom' with ignis; only 'function' tool calls.",
-            param=path(p, "type"),
-            code="unsupported_value",
-        )
-    check_enum(kind, path(p, "type"), ("function",))
-    check_known_keys(obj, p, {"id", "type", "function"})
-    call_id = check_str(require(obj, "id", p), path(p, "id"), min_len=1)
+    obj = _function_entry(raw, p, {"id", "type", "function"}, tail="; only 'function' tool calls")
+    call_id = req_str(obj, "id", p, min_len=1)
+    fn = _function_object(obj, p, {"name", "arguments"})
     fp = path(p, "function")
-    fn = check_object(require(obj, "function", p), fp)
-    check_known_keys(fn, fp, {"name", "arguments"})
-    name = check_str(require(fn, "name", fp), path(fp, "name"), min_len=1)
-    arguments = fn.get("arguments")
-    if arguments is None:
-        refuse_missing(path(fp, "arguments"))
-    arguments = check_str(arguments, path(fp, "arguments"))
-    return ToolCall(call_id, name, arguments)
+    return ToolCall(call_id, req_str(fn, "name", fp, min_len=1), req_str(fn, "arguments", fp))
 
 
 def _decode_content(value: Any, p: str, role: str) -> str | None:
@@ -491,113 +393,109 @@ def _decode_content(value: Any, p: str, role: str) -> str | None:
     if not isinstance(value, list):
         raise Refusal(
             f"Invalid type for '{p}': expected one of a string or array of objects, but got"
-            f" {_json_kind(value)} instead.",
+            f" {a_type(value)} instead.",
             param=p,
             code="invalid_type",
         )
-    if not value:
-        raise _empty_array(p)
+    check_array(value, p, nonempty=True)
     texts: list[str] = []
     allowed = ("text", "refusal") if role == "assistant" else ("text",)
     for j, part in enumerate(value):
         pp = path(p, j)
-        obj = check_object(part, pp)
-        kind = require(obj, "type", pp)
-        if kind in _UNSUPPORTED_PARTS:
-            raise Refusal(
-                f"Unsupported value: '{pp}.type' of '{kind}' is not supported by ignis (text only).",
-                param=path(pp, "type"),
-                code="unsupported_value",
-            )
-        check_enum(kind, path(pp, "type"), allowed)
+        obj, kind = _typed_object(part, pp, allowed, _UNSUPPORTED_PARTS, " (text only)")
         check_known_keys(obj, pp, {"type", kind})
-        texts.append(check_str(require(obj, kind, pp), path(pp, kind)))
+        texts.append(req_str(obj, kind, pp))
     return join_text(texts)
 
 
 # --------------------------------------------------------------------------- tools
 
 
+def _typed_object(
+    raw: Any, p: str, allowed: tuple[str, ...], refused: tuple[str, ...], tail: str
+) -> tuple[Mapping[str, Any], str]:
+    """An object and its ``type``, one of `allowed`: a type in `refused` is unsupported
+    (`tail` ends the message), any other invalid."""
+    obj = check_object(raw, p)
+    kind = require(obj, "type", p)
+    if kind in refused:
+        raise Refusal(
+            f"Unsupported value: '{p}.type' of '{kind}' is not supported by ignis{tail}.",
+            param=path(p, "type"),
+            code="unsupported_value",
+        )
+    check_enum(kind, path(p, "type"), allowed)
+    return obj, kind
+
+
+def _function_entry(
+    raw: Any, p: str, keys: set[str], refused: tuple[str, ...] = ("custom",), tail: str = ""
+) -> Mapping[str, Any]:
+    """A ``{"type": "function", "function": {...}}`` object (a tool, a tool call, a
+    named tool choice), checked up to its keys."""
+    obj, _ = _typed_object(raw, p, ("function",), refused, tail)
+    check_known_keys(obj, p, keys)
+    return obj
+
+
+def _function_object(obj: Mapping[str, Any], p: str, keys: set[str]) -> Mapping[str, Any]:
+    """The entry's ``function`` object, with only `keys`."""
+    where = path(p, "function")
+    fn = check_object(require(obj, "function", p), where)
+    check_known_keys(fn, where, keys)
+    return fn
+
+
 def _decode_tools(raw: Any) -> tuple[FunctionTool, ...]:
     if raw is None:
         return ()
-    out: list[FunctionTool] = []
     names: set[str] = set()
-    for i, item in enumerate(check_array(raw, "tools")):
-        p = path("tools", i)
-        obj = check_object(item, p)
-        kind = require(obj, "type", p)
-        if kind == "custom":
-            raise Refusal(
-                f"Unsupported value: '{p}.type' of 'custom' is not supported by ignis; only 'function' tools.",
-                param=path(p, "type"),
-                code="unsupported_value",
-            )
-        check_enum(kind, path(p, "type"), ("function",))
-        check_known_keys(obj, p, {"type", "function"})
-        fp = path(p, "function")
-        fn = check_object(require(obj, "function", p), fp)
-        check_known_keys(fn, fp, {"name", "description", "parameters", "strict"})
-        np = path(fp, "name")
-        name = check_str(require(fn, "name", fp), np, min_len=1, max_len=_TOOL_NAME_MAX)
-        if not _TOOL_NAME_RE.fullmatch(name):
-            raise Refusal(
-                f"Invalid '{np}': string does not match pattern. Expected a string that matches the pattern"
-                f" '{TOOL_NAME_PATTERN}'.",
-                param=np,
-                code="invalid_value",
-            )
-        if name in names:
-            raise Refusal(
-                f"Invalid '{np}': duplicate function name {name!r}; tool names must be unique.",
-                param=np,
-                code="invalid_value",
-            )
-        names.add(name)
-        description = _opt_str(fn, "description", fp)
-        parameters = fn.get("parameters")
-        if parameters is not None:
-            parameters = check_object(parameters, path(fp, "parameters"))
-        strict = fn.get("strict")
-        if strict is not None:
-            strict = check_bool(strict, path(fp, "strict"))
-        if strict and parameters is not None:
-            check_strict_schema(parameters, owner=f"function '{name}'", param=path(fp, "parameters"),
-                                code="invalid_function_parameters")
-        out.append(FunctionTool(name, description, parameters, strict))
-    return tuple(out)
+    return tuple(_decode_tool(item, path("tools", i), names) for i, item in enumerate(check_array(raw, "tools")))
+
+
+def _decode_tool(item: Any, p: str, names: set[str]) -> FunctionTool:
+    """One tool; `names` (the names so far) must not hold its name, and gets it."""
+    obj = _function_entry(item, p, {"type", "function"}, tail="; only 'function' tools")
+    fn = _function_object(obj, p, {"name", "description", "parameters", "strict"})
+    fp = path(p, "function")
+    np = path(fp, "name")
+    name = req_str(fn, "name", fp, min_len=1, max_len=_TOOL_NAME_MAX)
+    if not _TOOL_NAME_RE.fullmatch(name):
+        raise Refusal(
+            f"Invalid '{np}': string does not match pattern. Expected a string that matches the pattern"
+            f" '{TOOL_NAME_PATTERN}'.",
+            param=np,
+            code="invalid_value",
+        )
+    if name in names:
+        raise Refusal(
+            f"Invalid '{np}': duplicate function name {name!r}; tool names must be unique.",
+            param=np,
+            code="invalid_value",
+        )
+    names.add(name)
+    description = opt_str(fn, "description", fp)
+    parameters = fn.get("parameters")
+    if parameters is not None:
+        parameters = check_object(parameters, path(fp, "parameters"))
+    strict = opt_bool(fn, "strict", fp)
+    if strict and parameters is not None:
+        check_strict_schema(parameters, owner=f"function '{name}'", param=path(fp, "parameters"),
+                            code="invalid_function_parameters")
+    return FunctionTool(name, description, parameters, strict)
 
 
 def _decode_tool_choice(raw: Any, tools: tuple[FunctionTool, ...]) -> ToolChoice:
     if raw is None:
         return ToolChoice("auto" if tools else "none")
     if isinstance(raw, str):
-        mode = check_enum(raw, "tool_choice", ("none", "auto", "required"))
-        choice = ToolChoice(mode)
+        choice = ToolChoice(check_enum(raw, "tool_choice", ("none", "auto", "required")))
     elif isinstance(raw, Mapping):
-        kind = require(raw, "type", "tool_choice")
-        if kind in ("allowed_tools", "custom"):
-            raise Refusal(
-                f"Unsupported value: 'tool_choice.type' of '{kind}' is not supported by ignis.",
-                param="tool_choice.type",
-                code="unsupported_value",
-            )
-        check_enum(kind, "tool_choice.type", ("function",))
-        check_known_keys(raw, "tool_choice", {"type", "function"})
-        fn = check_object(require(raw, "function", "tool_choice"), "tool_choice.function")
-        check_known_keys(fn, "tool_choice.function", {"name"})
-        name = check_str(require(fn, "name", "tool_choice.function"), "tool_choice.function.name", min_len=1)
-        if tools and name not in {t.name for t in tools}:
-            raise Refusal(
-                f"Invalid value for 'tool_choice.function.name': no function named {name!r} in 'tools'.",
-                param="tool_choice.function.name",
-                code="invalid_value",
-            )
-        choice = ToolChoice("required", name)
+        choice = _named_tool_choice(raw, tools)
     else:
         raise Refusal(
             f"Invalid type for 'tool_choice': expected one of a string or an object, but got"
-            f" {_json_kind(raw)} instead.",
+            f" {a_type(raw)} instead.",
             param="tool_choice",
             code="invalid_type",
         )
@@ -610,7 +508,30 @@ def _decode_tool_choice(raw: Any, tools: tuple[FunctionTool, ...]) -> ToolChoice
     return choice
 
 
+def _named_tool_choice(raw: Mapping[str, Any], tools: tuple[FunctionTool, ...]) -> ToolChoice:
+    """``{"type": "function", "function": {"name": N}}``: N must be called."""
+    obj = _function_entry(raw, "tool_choice", {"type", "function"}, refused=("allowed_tools", "custom"))
+    fn = _function_object(obj, "tool_choice", {"name"})
+    name = req_str(fn, "name", "tool_choice.function", min_len=1)
+    if tools and name not in {t.name for t in tools}:
+        raise Refusal(
+            f"Invalid value for 'tool_choice.function.name': no function named {name!r} in 'tools'.",
+            param="tool_choice.function.name",
+            code="invalid_value",
+        )
+    return ToolChoice("required", name)
+
+
 # --------------------------------------------------------------------------- the rest
+
+
+def _check_n(raw: Any) -> None:
+    if raw is not None and check_int(raw, "n", ge=1) > 1:
+        raise Refusal(
+            f"Unsupported value: 'n' must be 1 with ignis (one choice per request), got {raw}.",
+            param="n",
+            code="unsupported_value",
+        )
 
 
 def _decode_stream_options(raw: Any, stream: bool) -> bool:
@@ -624,10 +545,25 @@ def _decode_stream_options(raw: Any, stream: bool) -> bool:
             code="invalid_value",
         )
     check_known_keys(obj, "stream_options", {"include_usage", "include_obfuscation"})
-    if obj.get("include_obfuscation") is not None:
-        check_bool(obj["include_obfuscation"], "stream_options.include_obfuscation")
-    usage = obj.get("include_usage")
-    return False if usage is None else check_bool(usage, "stream_options.include_usage")
+    opt_bool(obj, "include_obfuscation", "stream_options")
+    return bool(opt_bool(obj, "include_usage", "stream_options"))
+
+
+def _decode_sampling(body: Mapping[str, Any]) -> SamplingFields:
+    # reasoning_effort first: `extract_sampling` checks it only after the other fields.
+    opt_enum(body, "reasoning_effort", "", EFFORTS)
+    return extract_sampling(body, names=CHAT_NAMES, effort_param="reasoning_effort")
+
+
+def _decode_logprobs(body: Mapping[str, Any], sampling: SamplingFields) -> bool:
+    logprobs = bool(opt_bool(body, "logprobs"))
+    if sampling.top_logprobs is not None and not logprobs:
+        raise Refusal(
+            "Invalid value for 'top_logprobs': 'logprobs' must be set to true when 'top_logprobs' is given.",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+    return logprobs
 
 
 def _decode_response_format(raw: Any) -> TextFormat:
@@ -662,6 +598,21 @@ def _check_logit_bias(raw: Any) -> None:
         )
 
 
+def _ignored_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields accepted and ignored, checked all the same; some are kept for logs."""
+    user = opt_str(body, "user")
+    opt_str(body, "safety_identifier")
+    prompt_cache_key = opt_str(body, "prompt_cache_key")
+    opt_bool(body, "store")
+    service_tier = opt_enum(body, "service_tier", "", _SERVICE_TIERS)
+    opt_enum(body, "prompt_cache_retention", "", ("in_memory", "24h"))
+    if body.get("prompt_cache_options") is not None:
+        check_object(body["prompt_cache_options"], "prompt_cache_options")
+    opt_enum(body, "verbosity", "", ("low", "medium", "high"))
+    metadata = _decode_metadata(body.get("metadata"))
+    return {"user": user, "prompt_cache_key": prompt_cache_key, "service_tier": service_tier, "metadata": metadata}
+
+
 def _decode_metadata(raw: Any) -> Mapping[str, str] | None:
     if raw is None:
         return None
@@ -669,34 +620,3 @@ def _decode_metadata(raw: Any) -> Mapping[str, str] | None:
     for key, value in obj.items():
         check_str(value, path("metadata", key))
     return dict(obj)
-
-
-def _opt_str(obj: Mapping[str, Any], key: str, prefix: str = "") -> str | None:
-    value = obj.get(key)
-    return None if value is None else check_str(value, path(prefix, key))
-
-
-def _empty_array(p: str) -> Refusal:
-    return Refusal(
-        f"Invalid '{p}': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-        param=p,
-        code="empty_array",
-    )
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a decimal"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, Mapping):
-        return "an object"
-    return type(value).__name__

@@ -55,59 +55,41 @@ type ``server_error``; send it as a ``data:`` line, then ``[DONE]``), and
 `completion()` raises the matching `Refusal` (status 500) for a non-streaming
 request to send instead.
 
+The whole endpoint, sketched (`protocol.chat_request` decodes the body)::
+
+    req = decode_chat_request_bytes(body)            # or Refusal -> status + envelope()
+    msgs = to_template_messages(req.messages)        # render, tokenize once
+    enc = ChatStream(model=req.model, include_usage=req.include_usage,
+                     logprobs=req.logprobs, emit=req.stream)
+    for delta in engine_deltas:                      # protocol.deltas: TextDelta, ...
+        for chunk in enc.feed(delta):
+            write(f"data: {json.dumps(chunk)}\\n\\n")
+    write("data: [DONE]\\n\\n")                       # streaming
+    # or, not streaming: send enc.completion()
+
 Pure stdlib: no ignis, sanic, torch or asyncio.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any, Iterable
 
-from protocol.deltas import (
-    Delta,
-    Failure,
-    Finish,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    dispatch,
-)
+from protocol.deltas import Delta, dispatch
 from protocol.errors import Refusal
-from protocol.events import LOGPROB_FLOOR, TokenLogprob
-from protocol.ids import call_id as new_call_id
+from protocol.events import TokenLogprob
+from protocol.ids import call_id as new_call_id, completion_id
 from protocol.response import Usage
 from protocol.stream import StreamStateError
 
 __all__ = [
     "ChatStream",
     "build_completion",
-    "completion_id",
     "chat_usage",
     "chat_logprob",
-    "LOGPROB_FLOOR",
-    # re-exported from protocol.deltas / events / response / stream
-    "Delta",
-    "ReasoningDelta",
-    "TextDelta",
-    "ToolCallStart",
-    "ToolCallArguments",
-    "ToolCallEnd",
-    "Finish",
-    "Failure",
-    "TokenLogprob",
-    "Usage",
-    "StreamStateError",
 ]
 
 Chunks = list[dict[str, Any]]
-
-
-def completion_id() -> str:
-    """``chatcmpl-`` + 48 random hex digits."""
-    return f"chatcmpl-{secrets.token_hex(24)}"
 
 
 def chat_logprob(t: TokenLogprob) -> dict[str, Any]:
@@ -174,15 +156,6 @@ class ChatStream:
     @property
     def done(self) -> bool:
         return self._finish_reason is not None or self._failure is not None
-
-    @property
-    def finish_reason(self) -> str | None:
-        """The wire finish_reason once finished (stop | length | tool_calls | content_filter)."""
-        return self._finish_reason
-
-    @property
-    def open_call_id(self) -> str | None:
-        return self._calls[-1]["id"] if self._open else None
 
     # ------------------------------------------------------------------ deltas
 

@@ -1,7 +1,8 @@
 """The internal conversation: what both endpoints decode into and the template renders.
 
 A chat-completions ``messages`` array and a Responses ``input`` item list both
-become ONE list of `ChatMessage` (plus the `FunctionTool` list and a `ToolChoice`).
+become ONE list of `ChatMessage` (plus the `FunctionTool` list and a `ToolChoice`,
+which are also what the decoded requests of both endpoints hold).
 The server renders that list with the model's chat template and tokenizes it once,
 so the same conversation gives the same token ids whichever endpoint it came
 through, and the prefix cache hits across endpoints.
@@ -23,6 +24,9 @@ Normalisation rules (both decoders must follow them):
   ``ToolCall.arguments`` is the JSON text exactly as sent (not re-serialised, so
   the tokens match what the model produced); `ToolCall.arguments_object` parses it
   for templates that want an object.
+- Tools are functions to the template: a Responses ``custom`` tool is a function with
+  one string argument, ``input``, and a tool inside a ``namespace`` is named
+  ``NAMESPACE.NAME`` (`FunctionTool`); their calls are rendered the same way.
 - ``tool_call_id`` (role ``tool`` only) is the id of the call it answers
   (chat: ``tool_call_id``; Responses: ``function_call_output.call_id``).
 - ``name``: for role ``tool``, the name of the function whose result this is,
@@ -36,7 +40,7 @@ Pure stdlib: no ignis, sanic, torch or asyncio.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "join_text",
     "ToolCall",
     "ChatMessage",
+    "CustomFormat",
     "FunctionTool",
     "ToolChoice",
     "to_template_messages",
@@ -117,24 +122,82 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class CustomFormat:
+    """A custom tool's input format: free text (`syntax` None), or a grammar (``lark``
+    or ``regex``) its `definition` spells."""
+
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.syntax is None:
+            return {"type": "text"}
+        return {"type": "grammar", "syntax": self.syntax, "definition": self.definition}
+
+
+@dataclass(frozen=True, slots=True)
 class FunctionTool:
-    """A function the model may call (chat ``tools[i].function``; Responses ``tools[i]``)."""
+    """A tool the model may call (chat ``tools[i].function``; Responses ``tools[i]``).
+
+    `name` is the name the model sees and calls: a tool inside a Responses ``namespace``
+    tool is ``NAMESPACE.NAME`` (`namespace` set; `wire_name` is its own name). A
+    `format` makes it a custom (freeform) tool: shown to the model as a function with
+    one string argument, ``input``, whose text the format constrains."""
 
     name: str
     description: str | None = None
     parameters: Mapping[str, Any] | None = None  # a JSON schema (an object), as sent
-    strict: bool | None = None  # accepted; ignis does not constrain decoding to the schema
+    # True: `parameters` lies in OpenAI's strict subset, and a call the server's grammar
+    # constrains follows it (ignis.server.structured).
+    strict: bool | None = None
+    namespace: str | None = None
+    format: CustomFormat | None = None  # set: a custom tool
+    where: str | None = field(default=None, compare=False)  # its place in the request, for refusals
+
+    @property
+    def is_custom(self) -> bool:
+        return self.format is not None
+
+    @property
+    def wire_name(self) -> str:
+        """The tool's own name (without its namespace)."""
+        return self.name if self.namespace is None else self.name[len(self.namespace) + 1:]
 
     def to_template(self) -> dict[str, Any]:
         """HF/OpenAI shape: ``{"type": "function", "function": {"name", "description"?, "parameters"}}``.
 
-        ``parameters`` defaults to an empty object schema, as OpenAI treats a missing one.
+        ``parameters`` defaults to an empty object schema, as OpenAI treats a missing one;
+        a custom tool's is one string, ``input``, described by its format.
         """
         fn: dict[str, Any] = {"name": self.name}
         if self.description is not None:
             fn["description"] = self.description
-        fn["parameters"] = dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
+        if self.format is not None:
+            fn["parameters"] = {"type": "object", "properties": {"input": _input_schema(self.format)},
+                                "required": ["input"], "additionalProperties": False}
+        else:
+            fn["parameters"] = dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
         return {"type": "function", "function": fn}
+
+    def to_wire(self) -> dict[str, Any]:
+        """The Responses echo (a response object's ``tools[i]``, or a namespace's), fields as sent."""
+        if self.format is not None:
+            return {"type": "custom", "name": self.wire_name, "description": self.description,
+                    "format": self.format.to_wire()}
+        return {
+            "type": "function",
+            "name": self.wire_name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        }
+
+
+def _input_schema(fmt: CustomFormat) -> dict[str, Any]:
+    if fmt.syntax is None:
+        return {"type": "string", "description": "The tool's input, as free text."}
+    return {"type": "string", "description": f"The tool's input, which must match this {fmt.syntax} grammar:\n"
+                                            f"{fmt.definition}"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,12 +205,29 @@ class ToolChoice:
     """Whether and which tool the model must call.
 
     ``mode``: ``none`` (never call), ``auto`` (model decides), ``required`` (call at
-    least one). A named function (chat ``{"type": "function", "function": {"name"}}``,
-    Responses ``{"type": "function", "name"}``) is ``mode="required", name=...``.
+    least one). ``name``: the one function it must call (chat ``{"type": "function",
+    "function": {"name"}}``, Responses ``{"type": "function", "name"}``), with mode
+    ``required``. ``allowed``: Responses ``allowed_tools``, the names it may call
+    (None: every tool); `protocol.responses_conversation.to_conversation` cuts the tool
+    list to them instead, so what the renderer gets has None here.
     """
 
     mode: Literal["none", "auto", "required"] = "auto"
     name: str | None = None
+    allowed: tuple[str, ...] | None = None
+    kind: Literal["function", "custom"] = "function"  # the named tool's type, for the echo
+
+    def to_wire(self) -> str | dict[str, Any]:
+        """The Responses echo (a response object's ``tool_choice``), in the form sent."""
+        if self.allowed is not None:
+            return {
+                "type": "allowed_tools",
+                "mode": self.mode,
+                "tools": [{"type": "function", "name": n} for n in self.allowed],
+            }
+        if self.name is not None:
+            return {"type": self.kind, "name": self.name}
+        return self.mode
 
 
 def to_template_messages(messages: Iterable[ChatMessage], *, arguments_as_object: bool = False) -> list[dict[str, Any]]:

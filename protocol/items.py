@@ -23,17 +23,34 @@ __all__ = [
     "Message",
     "FunctionCall",
     "FunctionCallOutput",
+    "CustomToolCall",
+    "CustomToolCallOutput",
     "Reasoning",
     "Item",
     "ROLES",
     "ITEM_STATUSES",
-    "item_to_dict",
 ]
 
 ROLES = ("user", "system", "developer", "assistant")
 ITEM_STATUSES = ("in_progress", "completed", "incomplete")
 Role = Literal["user", "system", "developer", "assistant"]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+def _with_set(d: dict[str, Any], **optional: Any) -> dict[str, Any]:
+    """`d` plus the `optional` fields that are set: the wire form leaves out the others."""
+    d.update((k, v) for k, v in optional.items() if v is not None)
+    return d
+
+
+def _text(content: str | tuple[Any, ...]) -> str:
+    """String content as is, text parts concatenated."""
+    return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def _parts(content: str | tuple[Any, ...]) -> str | list[dict[str, Any]]:
+    """String content as is, parts in their wire form."""
+    return content if isinstance(content, str) else [p.to_dict() for p in content]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +70,8 @@ class OutputText:
     logprobs: tuple[Any, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"type": "output_text", "text": self.text, "annotations": list(self.annotations)}
-        if self.logprobs is not None:
-            d["logprobs"] = list(self.logprobs)
-        return d
+        logprobs = None if self.logprobs is None else list(self.logprobs)
+        return _with_set({"type": "output_text", "text": self.text, "annotations": list(self.annotations)}, logprobs=logprobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,20 +110,11 @@ class Message:
     @property
     def text(self) -> str:
         """The content as one string (parts concatenated)."""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+        return _text(self.content)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"type": "message", "role": self.role}
-        d["content"] = self.content if isinstance(self.content, str) else [p.to_dict() for p in self.content]
-        if self.id is not None:
-            d["id"] = self.id
-        if self.status is not None:
-            d["status"] = self.status
-        if self.phase is not None:
-            d["phase"] = self.phase
-        return d
+        d = {"type": "message", "role": self.role, "content": _parts(self.content)}
+        return _with_set(d, id=self.id, status=self.status, phase=self.phase)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,19 +126,11 @@ class FunctionCall:
     arguments: str
     id: str | None = None
     status: ItemStatus | None = None
+    namespace: str | None = None  # the namespace tool it belongs to
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "type": "function_call",
-            "call_id": self.call_id,
-            "name": self.name,
-            "arguments": self.arguments,
-        }
-        if self.id is not None:
-            d["id"] = self.id
-        if self.status is not None:
-            d["status"] = self.status
-        return d
+        d = {"type": "function_call", "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+        return _with_set(d, id=self.id, status=self.status, namespace=self.namespace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,20 +146,43 @@ class FunctionCallOutput:
 
     @property
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(p.text for p in self.output)
+        return _text(self.output)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"type": "function_call_output", "call_id": self.call_id}
-        d["output"] = self.output if isinstance(self.output, str) else [p.to_dict() for p in self.output]
-        if self.id is not None:
-            d["id"] = self.id
-        if self.status is not None:
-            d["status"] = self.status
-        if self.name is not None:
-            d["name"] = self.name
-        return d
+        d = {"type": "function_call_output", "call_id": self.call_id, "output": _parts(self.output)}
+        return _with_set(d, id=self.id, status=self.status, name=self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class CustomToolCall:
+    """A call to a custom (freeform) tool; `input` is the text the model wrote for it."""
+
+    call_id: str
+    name: str
+    input: str
+    id: str | None = None
+    namespace: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"type": "custom_tool_call", "call_id": self.call_id, "name": self.name, "input": self.input}
+        return _with_set(d, id=self.id, namespace=self.namespace)
+
+
+@dataclass(frozen=True, slots=True)
+class CustomToolCallOutput:
+    """A custom tool's result: a string or a tuple of `InputText` parts."""
+
+    call_id: str
+    output: str | tuple[InputText, ...]
+    id: str | None = None
+
+    @property
+    def text(self) -> str:
+        return _text(self.output)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"type": "custom_tool_call_output", "call_id": self.call_id, "output": _parts(self.output)}
+        return _with_set(d, id=self.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,21 +210,13 @@ class Reasoning:
         return self.recovered_text
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+        d = {
             "type": "reasoning",
             "id": self.id,
             "summary": [p.to_dict() for p in self.summary],
             "content": None if self.content is None else [p.to_dict() for p in self.content],
         }
-        if self.encrypted_content is not None:
-            d["encrypted_content"] = self.encrypted_content
-        if self.status is not None:
-            d["status"] = self.status
-        return d
+        return _with_set(d, encrypted_content=self.encrypted_content, status=self.status)
 
 
-Item = Union[Message, FunctionCall, FunctionCallOutput, Reasoning]
-
-
-def item_to_dict(item: Item) -> dict[str, Any]:
-    return item.to_dict()
+Item = Union[Message, FunctionCall, FunctionCallOutput, CustomToolCall, CustomToolCallOutput, Reasoning]

@@ -1,7 +1,8 @@
 """A decoded Responses request (``POST /v1/responses`` body or ``response.create`` frame).
 
 Built only by `protocol.decode.decode_request`; everything in it is already
-checked. The parts the response object echoes back have a `to_wire()`.
+checked. The parts the response object echoes back have a `to_wire()`. Tools and
+the tool choice are the types both endpoints share (`protocol.conversation`).
 """
 
 from __future__ import annotations
@@ -9,13 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from protocol.conversation import FunctionTool, ToolChoice
 from protocol.items import Item
 from protocol.sampling import SamplingFields
 from protocol.structured import TextFormat
 
 __all__ = [
-    "FunctionTool",
-    "ToolChoice",
     "ReasoningConfig",
     "TextConfig",
     "ResponsesRequest",
@@ -25,50 +25,6 @@ __all__ = [
 
 INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
-
-
-@dataclass(frozen=True, slots=True)
-class FunctionTool:
-    name: str
-    parameters: Mapping[str, Any] | None = None
-    description: str | None = None
-    strict: bool | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.parameters,
-            "strict": self.strict,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ToolChoice:
-    """What the model may call.
-
-    `mode`: "auto" (may call), "none" (must not), "required" (must call one).
-    `allowed`: the tool names it may call (None = every tool in `tools`).
-    `kind` remembers the wire form for the echo: "options" (a bare string),
-    "function" (``{"type":"function","name":N}`` = required + allowed (N,)),
-    "allowed_tools" (``{"type":"allowed_tools","mode":...,"tools":[...]}``).
-    """
-
-    mode: Literal["auto", "none", "required"] = "auto"
-    allowed: tuple[str, ...] | None = None
-    kind: Literal["options", "function", "allowed_tools"] = "options"
-
-    def to_wire(self) -> str | dict[str, Any]:
-        if self.kind == "function":
-            return {"type": "function", "name": self.allowed[0]}  # type: ignore[index]
-        if self.kind == "allowed_tools":
-            return {
-                "type": "allowed_tools",
-                "mode": self.mode,
-                "tools": [{"type": "function", "name": n} for n in self.allowed or ()],
-            }
-        return self.mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +57,8 @@ class ResponsesRequest:
     # A string `input` becomes one user message with string content.
     input: tuple[Item, ...]
     instructions: str | None = None
-    tools: tuple[FunctionTool, ...] = ()
+    tools: tuple[FunctionTool, ...] = ()  # a namespace's tools flattened, named NAMESPACE.NAME
+    namespaces: tuple[tuple[str, str], ...] = ()  # (name, description) of each namespace tool
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
     sampling: SamplingFields = field(default_factory=SamplingFields)
@@ -147,16 +104,16 @@ class ResponsesRequest:
     def include_logprobs(self) -> bool:
         return INCLUDE_LOGPROBS in self.include
 
-    @property
-    def tool_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.tools)
-
-    @property
-    def callable_tools(self) -> tuple[FunctionTool, ...]:
-        """The tools the model may call under `tool_choice` (none when mode is "none")."""
-        if self.tool_choice.mode == "none":
-            return ()
-        allowed = self.tool_choice.allowed
-        if allowed is None:
-            return self.tools
-        return tuple(t for t in self.tools if t.name in allowed)
+    def tools_to_wire(self) -> list[dict[str, Any]]:
+        """The ``tools`` echo: the tools as sent, a namespace's tools inside it again."""
+        descriptions = dict(self.namespaces)
+        out: list[dict[str, Any]] = []
+        for tool in self.tools:
+            if tool.namespace is None:
+                out.append(tool.to_wire())
+                continue
+            if not (out and out[-1].get("type") == "namespace" and out[-1]["name"] == tool.namespace):
+                out.append({"type": "namespace", "name": tool.namespace,
+                            "description": descriptions.get(tool.namespace, ""), "tools": []})
+            out[-1]["tools"].append(tool.to_wire())
+        return out

@@ -101,7 +101,7 @@ def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
         "temperature": request.temperature,
         "text": request.text.to_wire(),
         "tool_choice": request.tool_choice.to_wire(),
-        "tools": [t.to_wire() for t in request.tools],
+        "tools": request.tools_to_wire(),
         "top_logprobs": request.top_logprobs if request.top_logprobs is not None else 0,
         "top_p": request.top_p,
         "truncation": request.truncation,

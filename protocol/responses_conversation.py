@@ -18,6 +18,10 @@ Rules (beyond those in `protocol.conversation`):
 - ``function_call_output`` becomes a ``tool`` message whose ``name`` is the name
   of the call it answers (else the output item's own ``name``, else None: the
   call may lie behind ``previous_response_id``).
+- ``custom_tool_call`` is a call like a function's, its arguments ``{"input": INPUT}``
+  (a custom tool is a one-string function to the template), and
+  ``custom_tool_call_output`` a ``tool`` message like a function's result. A call
+  with a ``namespace`` is named ``NAMESPACE.NAME``, as its tool is.
 - Tools: every function tool. ``tool_choice``: "none" / "auto" / "required"
   map as is; ``{"type": "function", "name"}`` is required + that name; with
   ``allowed_tools`` the tool list is cut to the allowed tools (the template
@@ -26,6 +30,7 @@ Rules (beyond those in `protocol.conversation`):
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 from protocol.conversation import (
@@ -35,7 +40,7 @@ from protocol.conversation import (
     ToolChoice,
     join_text,
 )
-from protocol.items import FunctionCall, FunctionCallOutput, Message, Reasoning
+from protocol.items import CustomToolCall, CustomToolCallOutput, FunctionCall, FunctionCallOutput, Message, Reasoning
 from protocol.request import ResponsesRequest
 
 __all__ = ["Conversation", "to_conversation", "reasoning_text"]
@@ -64,10 +69,15 @@ def _join_reasoning(a: str | None, b: str | None) -> str | None:
 
 
 def to_conversation(request: ResponsesRequest) -> Conversation:
+    tools, choice = _tools(request.tools, request.tool_choice)
+    return Conversation(_messages(request), tools, choice)
+
+
+def _messages(request: ResponsesRequest) -> tuple[ChatMessage, ...]:
     out: list[ChatMessage] = []
     if request.instructions is not None:
         out.append(ChatMessage("system", request.instructions))
-    pending: str | None = None
+    pending: str | None = None  # reasoning waiting for its assistant turn
     names: dict[str, str] = {}
     last_is_turn = False  # out[-1] is an assistant turn that calls may still join
     for item in request.input:
@@ -82,39 +92,40 @@ def to_conversation(request: ResponsesRequest) -> Conversation:
                 last_is_turn = False
         elif isinstance(item, Reasoning):
             pending = _join_reasoning(pending, reasoning_text(item))
-        elif isinstance(item, FunctionCall):
-            names[item.call_id] = item.name
-            call = ToolCall(item.call_id, item.name, item.arguments)
+        elif isinstance(item, (FunctionCall, CustomToolCall)):
+            name = item.name if item.namespace is None else f"{item.namespace}.{item.name}"
+            names[item.call_id] = name
+            if isinstance(item, FunctionCall):
+                call = ToolCall(item.call_id, name, item.arguments)
+            else:
+                call = ToolCall(item.call_id, name, json.dumps({"input": item.input}, ensure_ascii=False))
             if last_is_turn:
-                prev = out[-1]
-                out[-1] = ChatMessage(
-                    "assistant",
-                    prev.content,
-                    reasoning=_join_reasoning(prev.reasoning, pending),
-                    tool_calls=prev.tool_calls + (call,),
-                )
+                out[-1] = _extend_turn(out[-1], pending, (call,))
             else:
                 out.append(ChatMessage("assistant", "", reasoning=pending, tool_calls=(call,)))
                 last_is_turn = True
             pending = None
-        elif isinstance(item, FunctionCallOutput):
-            out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id, name=names.get(item.call_id, item.name)))
+        elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
+            own = item.name if isinstance(item, FunctionCallOutput) else None
+            out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id, name=names.get(item.call_id, own)))
             last_is_turn = False
     if pending is not None and last_is_turn:
-        prev = out[-1]
-        out[-1] = ChatMessage(
-            "assistant", prev.content, reasoning=_join_reasoning(prev.reasoning, pending), tool_calls=prev.tool_calls
-        )
+        out[-1] = _extend_turn(out[-1], pending)
+    return tuple(out)
 
-    tc = request.tool_choice
-    tools = request.tools
-    if tc.kind == "allowed_tools":
-        allowed = set(tc.allowed or ())
-        tools = tuple(t for t in tools if t.name in allowed)
-        choice = ToolChoice(tc.mode)
-    elif tc.kind == "function":
-        choice = ToolChoice("required", tc.allowed[0] if tc.allowed else None)
-    else:
-        choice = ToolChoice(tc.mode)
-    conv_tools = tuple(FunctionTool(t.name, t.description, t.parameters, t.strict) for t in tools)
-    return Conversation(tuple(out), conv_tools, choice)
+
+def _extend_turn(turn: ChatMessage, reasoning: str | None, calls: tuple[ToolCall, ...] = ()) -> ChatMessage:
+    """The assistant `turn` with more reasoning text and calls."""
+    return ChatMessage(
+        "assistant", turn.content, reasoning=_join_reasoning(turn.reasoning, reasoning), tool_calls=turn.tool_calls + calls
+    )
+
+
+def _tools(
+    tools: tuple[FunctionTool, ...], choice: ToolChoice
+) -> tuple[tuple[FunctionTool, ...], ToolChoice]:
+    """``allowed_tools`` cuts the tool list (a template cannot express the restriction)."""
+    if choice.allowed is None:
+        return tools, choice
+    allowed = set(choice.allowed)
+    return tuple(t for t in tools if t.name in allowed), ToolChoice(choice.mode)

@@ -67,7 +67,7 @@ closes the reasoning block and the answer follows (an engine concern).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from protocol.checks import (
     check_array,
@@ -80,6 +80,7 @@ from protocol.checks import (
     check_str,
     path,
     refuse_type,
+    require,
 )
 from protocol.errors import Refusal
 
@@ -174,19 +175,8 @@ def thinking_for_effort(effort: str | None) -> tuple[bool | None, int | None]:
     return EFFORT_THINKING[effort]
 
 
-def _check_float(name: str):
-    def check(value: Any, param: str) -> float:
-        if name in ("temperature",):
-            return check_number(value, param, ge=0.0, le=2.0)
-        if name in ("top_p", "min_p"):
-            return check_number(value, param, ge=0.0, le=1.0)
-        if name in ("presence_penalty", "frequency_penalty"):
-            return check_number(value, param, ge=-2.0, le=2.0)
-        if name == "repetition_penalty":
-            return check_number(value, param, gt=0.0)
-        raise AssertionError(name)
-
-    return check
+def _number(**bounds: float) -> Callable[[Any, str], float]:
+    return lambda value, param: check_number(value, param, **bounds)
 
 
 def _check_top_k(value: Any, param: str) -> int:
@@ -211,14 +201,7 @@ def _check_thinking(value: Any, param: str) -> tuple[bool, int | None]:
         return (value, None)
     obj = check_object(value, param)
     check_known_keys(obj, param, {"type", "budget_tokens"})
-    kind = obj.get("type")
-    if kind is None:
-        raise Refusal(
-            f"Missing required parameter: '{param}.type'.",
-            param=f"{param}.type",
-            code="missing_required_parameter",
-        )
-    check_enum(kind, f"{param}.type", ("enabled", "disabled"))
+    kind = check_enum(require(obj, "type", param), path(param, "type"), ("enabled", "disabled"))
     budget = obj.get("budget_tokens")
     if kind == "disabled":
         if budget is not None:
@@ -234,12 +217,12 @@ def _check_thinking(value: Any, param: str) -> tuple[bool, int | None]:
 
 
 _CHECKS = {
-    "temperature": _check_float("temperature"),
-    "top_p": _check_float("top_p"),
-    "min_p": _check_float("min_p"),
-    "presence_penalty": _check_float("presence_penalty"),
-    "frequency_penalty": _check_float("frequency_penalty"),
-    "repetition_penalty": _check_float("repetition_penalty"),
+    "temperature": _number(ge=0.0, le=2.0),
+    "top_p": _number(ge=0.0, le=1.0),
+    "min_p": _number(ge=0.0, le=1.0),
+    "presence_penalty": _number(ge=-2.0, le=2.0),
+    "frequency_penalty": _number(ge=-2.0, le=2.0),
+    "repetition_penalty": _number(gt=0.0),
     "top_k": _check_top_k,
     "seed": lambda v, p: check_int(v, p, ge=_SEED_MIN, le=_SEED_MAX),
     "stop": _check_stop,

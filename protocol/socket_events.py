@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Union
 
-from protocol.checks import check_bool, check_str, path
-from protocol.decode import decode_json, decode_request
+from protocol.checks import check_known_keys, decode_json, invalid_choice, opt_bool, opt_str, req_str
+from protocol.decode import decode_request
 from protocol.errors import Refusal
 from protocol.request import ResponsesRequest
 
@@ -122,17 +122,12 @@ def _decode(
     strict_encrypted: bool,
     default_model: str | None,
 ) -> ClientEvent:
-    t = frame.get("type")
-    if t is None:
-        raise Refusal("Missing required parameter: 'type'.", param="type", code="missing_required_parameter")
-    check_str(t, "type")
+    t = req_str(frame, "type")
     if t == "response.create":
-        generate = frame.get("generate")
-        generate = True if generate is None else check_bool(generate, "generate")
-        if frame.get("stream") is not None:
-            check_bool(frame["stream"], "stream")
+        generate = opt_bool(frame, "generate")
+        opt_bool(frame, "stream")  # checked, then ignored: the socket always streams
         body = {k: v for k, v in frame.items() if k not in _SOCKET_ONLY}
-        body["stream"] = True  # the socket always streams
+        body["stream"] = True
         request = decode_request(
             body,
             transport="socket",
@@ -140,24 +135,14 @@ def _decode(
             strict_encrypted=strict_encrypted,
             default_model=default_model,
         )
-        return CreateEvent(request, generate, sid)
+        return CreateEvent(request, generate is not False, sid)
     if t == "response.cancel":
-        for key in frame:
-            if key not in ("type", "response_id", "stream_id"):
-                p = path("", key)
-                raise Refusal(f"Unknown parameter: '{p}'.", param=p, code="unknown_parameter")
-        rid = frame.get("response_id")
-        if rid is not None:
-            check_str(rid, "response_id")
-        return CancelEvent(rid, sid)
+        check_known_keys(frame, "", {"type", "response_id", "stream_id"})
+        return CancelEvent(opt_str(frame, "response_id"), sid)
     if t == "response.steer":
         raise Refusal(
             "Steering ('response.steer') is not supported by ignis.",
             param="type",
             code="steering_not_supported",
         )
-    raise Refusal(
-        f"Invalid value: '{t}'. Supported values are: {', '.join(repr(x) for x in _CLIENT_TYPES)}.",
-        param=path("", "type"),
-        code="invalid_value",
-    )
+    raise invalid_choice("type", t, _CLIENT_TYPES)

@@ -16,9 +16,12 @@ Life of a response::
     text(text, logprobs)        [close other item] output_item.added (message),
                                 content_part.added (output_text), then
                                 response.output_text.delta per call
-    tool_call_start(name, id)   [close other item] output_item.added (function_call)
-    tool_call_arguments(chunk)  response.function_call_arguments.delta
-    tool_call_end()             response.function_call_arguments.done, output_item.done
+    tool_call_start(name, id)   [close other item] output_item.added (function_call, or
+                                custom_tool_call for a custom tool)
+    tool_call_arguments(chunk)  response.function_call_arguments.delta (custom: the input
+                                decoded from them, response.custom_tool_call_input.delta)
+    tool_call_end()             response.function_call_arguments.done (custom:
+                                response.custom_tool_call_input.done), output_item.done
     finish(reason, usage)       closes the open item, then ONE of
                                 response.completed ("stop", "tool_calls"),
                                 response.incomplete ("length"/"max_output_tokens" ->
@@ -30,6 +33,10 @@ Closing an item: reasoning -> response.reasoning_text.done, content_part.done,
 output_item.done; message -> response.output_text.done, content_part.done,
 output_item.done; function call -> arguments.done, output_item.done. An item still
 open at an incomplete/failed end gets status "incomplete".
+
+A call's `name` is the one the model used (a namespaced tool's ``NAMESPACE.NAME``): the
+item carries the tool's own ``name`` and its ``namespace``. `output_items` holds the
+finished items as `protocol.items` objects (a socket lane's history is built from them).
 
 After the terminal event the stream is closed: every method returns [] (late
 deltas, e.g. after a cancel, are dropped).
@@ -53,12 +60,15 @@ import time
 from typing import Any
 
 from protocol import ids
+from protocol.conversation import FunctionTool
+from protocol.custom_input import InputStream, final_input
 from protocol.deltas import (
     Delta,
     dispatch,
 )
 from protocol.encrypted import seal_reasoning
 from protocol.events import TokenLogprob
+from protocol.items import CustomToolCall, FunctionCall, Item, Message, OutputText, Reasoning, ReasoningText
 from protocol.request import ResponsesRequest
 from protocol.response import RESPONSE_ERROR_CODES, Usage, new_response
 
@@ -68,6 +78,20 @@ Events = list[dict[str, Any]]
 
 _COMPLETED = {"stop": None, "tool_calls": None, "end_turn": None}
 _INCOMPLETE = {"length": "max_output_tokens", "max_output_tokens": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def _as_item(d: dict[str, Any]) -> Item:
+    """A finished output item (its wire dict, as `_close` built it) as a `protocol.items` object."""
+    kind = d["type"]
+    if kind == "message":
+        part = d["content"][0]
+        return Message("assistant", (OutputText(part["text"], (), tuple(part["logprobs"])),), d["id"], d["status"])
+    if kind == "reasoning":
+        text = d["content"][0]["text"]
+        return Reasoning(d["id"], (), (ReasoningText(text),), d.get("encrypted_content"), d.get("status"))
+    if kind == "custom_tool_call":
+        return CustomToolCall(d["call_id"], d["name"], d["input"], d["id"], d.get("namespace"))
+    return FunctionCall(d["call_id"], d["name"], d["arguments"], d["id"], d["status"], d.get("namespace"))
 
 
 class StreamStateError(RuntimeError):
@@ -91,6 +115,10 @@ class ResponseStream:
         "_buf",
         "_lps",
         "_call",
+        "_tools",
+        "_input",
+        "_sent",
+        "output_items",
     )
 
     def __init__(
@@ -120,7 +148,11 @@ class ResponseStream:
         self._index = -1
         self._buf: list[str] = []
         self._lps: list[TokenLogprob] = []
-        self._call: tuple[str, str] = ("", "")  # (call_id, name) of the open call
+        self._call: tuple[str, FunctionTool] = ("", FunctionTool(""))  # (call_id, tool) of the open call
+        self._tools = {t.name: t for t in request.tools}
+        self._input = InputStream()  # the open custom call's input, decoded as it streams
+        self._sent: list[str] = []  # the input sent in deltas so far
+        self.output_items: list[Item] = []
 
     # -- state -----------------------------------------------------------------------
 
@@ -132,23 +164,18 @@ class ResponseStream:
     def done(self) -> bool:
         return self._state == "done"
 
-    @property
-    def sequence_number(self) -> int:
-        """The sequence number the next event will get."""
-        return self._seq
-
-    @property
-    def open_call_id(self) -> str | None:
-        return self._call[0] if self._kind == "call" else None
-
     # -- event plumbing --------------------------------------------------------------
 
-    def _ev(self, out: Events, ev: dict[str, Any]) -> None:
+    def _stamped(self, ev: dict[str, Any]) -> dict[str, Any]:
+        """`ev` with its sequence number (and the socket lane's stream id)."""
         ev["sequence_number"] = self._seq
         self._seq += 1
         if self._sid is not None:
             ev["stream_id"] = self._sid
-        out.append(ev)
+        return ev
+
+    def _ev(self, out: Events, ev: dict[str, Any]) -> None:
+        out.append(self._stamped(ev))
 
     def _snapshot(self) -> dict[str, Any]:
         r = dict(self.response)
@@ -192,10 +219,7 @@ class ResponseStream:
     def admitted(self) -> Events:
         """A queued response got its turn: ``response.in_progress``."""
         out: Events = []
-        if self._state in ("new", "queued_new"):
-            self._start(out)
-        if self._state == "queued":
-            self._admit(out)
+        self._running(out)
         return out
 
     # -- items -----------------------------------------------------------------------
@@ -205,52 +229,49 @@ class ResponseStream:
         self._kind = kind
         self._index = len(self.response["output"])
         self._buf = []
+        part: dict[str, Any] | None = None  # the content part it opens with (not calls)
         if kind == "reasoning":
             self._item_id = ids.reasoning_id()
-            if self._emit:
-                self._ev(out, {
-                    "type": "response.output_item.added",
-                    "output_index": self._index,
-                    "item": {"id": self._item_id, "type": "reasoning", "summary": [], "content": []},
-                })
-                self._ev(out, {
-                    "type": "response.content_part.added",
-                    "item_id": self._item_id,
-                    "output_index": self._index,
-                    "content_index": 0,
-                    "part": {"type": "reasoning_text", "text": ""},
-                })
+            item: dict[str, Any] = {"id": self._item_id, "type": "reasoning", "summary": [], "content": []}
+            part = {"type": "reasoning_text", "text": ""}
         elif kind == "message":
             self._item_id = ids.message_id()
             self._lps = []
-            if self._emit:
-                self._ev(out, {
-                    "type": "response.output_item.added",
-                    "output_index": self._index,
-                    "item": {"id": self._item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []},
-                })
-                self._ev(out, {
-                    "type": "response.content_part.added",
-                    "item_id": self._item_id,
-                    "output_index": self._index,
-                    "content_index": 0,
-                    "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                })
+            item = {"id": self._item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        elif kind == "custom":
+            self._item_id = ids.custom_tool_call_id()
+            self._input, self._sent = InputStream(), []
+            item = {"id": self._item_id, "type": "custom_tool_call", "call_id": self._call[0], "input": "",
+                    **self._call_name()}
         else:  # call
             self._item_id = ids.function_call_id()
-            if self._emit:
-                self._ev(out, {
-                    "type": "response.output_item.added",
-                    "output_index": self._index,
-                    "item": {
-                        "id": self._item_id,
-                        "type": "function_call",
-                        "status": "in_progress",
-                        "arguments": "",
-                        "call_id": self._call[0],
-                        "name": self._call[1],
-                    },
-                })
+            item = {
+                "id": self._item_id,
+                "type": "function_call",
+                "status": "in_progress",
+                "arguments": "",
+                "call_id": self._call[0],
+                **self._call_name(),
+            }
+        if not self._emit:
+            return
+        self._ev(out, {"type": "response.output_item.added", "output_index": self._index, "item": item})
+        if part is not None:
+            self._ev(out, {
+                "type": "response.content_part.added",
+                "item_id": self._item_id,
+                "output_index": self._index,
+                "content_index": 0,
+                "part": part,
+            })
+
+    def _call_name(self) -> dict[str, str]:
+        """The open call's ``name`` (and ``namespace``) fields."""
+        tool = self._call[1]
+        if tool.namespace is None:
+            return {"name": tool.name}
+        return {"name": tool.wire_name, "namespace": tool.namespace}
 
     def _close(self, out: Events, status: str) -> None:
         kind = self._kind
@@ -288,15 +309,31 @@ class ResponseStream:
                     "logprobs": [lp.delta_dict() for lp in lps],
                 })
                 self._ev(out, {"type": "response.content_part.done", "item_id": iid, "output_index": idx, "content_index": 0, "part": part})
+        elif kind == "custom":
+            item = self._close_custom(out, text)
         else:
-            call_id, name = self._call
-            item = {"id": iid, "type": "function_call", "status": status, "arguments": text, "call_id": call_id, "name": name}
+            item = {"id": iid, "type": "function_call", "status": status, "arguments": text, "call_id": self._call[0],
+                    **self._call_name()}
             if emit:
                 self._ev(out, {"type": "response.function_call_arguments.done", "item_id": iid, "output_index": idx, "arguments": text})
         self.response["output"].append(item)
+        self.output_items.append(_as_item(item))
         if emit:
             self._ev(out, {"type": "response.output_item.done", "output_index": idx, "item": item})
         self._buf = []
+
+    def _close_custom(self, out: Events, arguments: str) -> dict[str, Any]:
+        """A custom call's end: what the input has beyond the deltas sent, then its done."""
+        value = final_input(arguments)
+        sent = "".join(self._sent)
+        iid, idx = self._item_id, self._index
+        if self._emit:
+            if value.startswith(sent) and len(value) > len(sent):
+                self._ev(out, {"type": "response.custom_tool_call_input.delta", "item_id": iid, "output_index": idx,
+                               "delta": value[len(sent):]})
+            self._ev(out, {"type": "response.custom_tool_call_input.done", "item_id": iid, "output_index": idx,
+                           "input": value})
+        return {"id": iid, "type": "custom_tool_call", "call_id": self._call[0], "input": value, **self._call_name()}
 
     # -- deltas (hot path) -----------------------------------------------------------
 
@@ -308,18 +345,13 @@ class ResponseStream:
             self._buf.append(text)
             if not self._emit:
                 return []
-            ev = {
+            return [self._stamped({
                 "type": "response.reasoning_text.delta",
                 "item_id": self._item_id,
                 "output_index": self._index,
                 "content_index": 0,
                 "delta": text,
-                "sequence_number": self._seq,
-            }
-            self._seq += 1
-            if self._sid is not None:
-                ev["stream_id"] = self._sid
-            return [ev]
+            })]
         out: Events = []
         self._running(out)
         self._open(out, "reasoning")
@@ -335,19 +367,14 @@ class ResponseStream:
                 self._lps.extend(logprobs)
             if not self._emit:
                 return []
-            ev = {
+            return [self._stamped({
                 "type": "response.output_text.delta",
                 "item_id": self._item_id,
                 "output_index": self._index,
                 "content_index": 0,
                 "delta": text,
                 "logprobs": [lp.delta_dict() for lp in logprobs] if logprobs else [],
-                "sequence_number": self._seq,
-            }
-            self._seq += 1
-            if self._sid is not None:
-                ev["stream_id"] = self._sid
-            return [ev]
+            })]
         out: Events = []
         self._running(out)
         self._open(out, "message")
@@ -360,38 +387,49 @@ class ResponseStream:
         out: Events = []
         self._running(out)
         self._close(out, "completed")
-        self._call = (call_id or ids.call_id(), name)
-        self._open(out, "call")
+        tool = self._tools.get(name) or FunctionTool(name)
+        self._call = (call_id or ids.call_id(), tool)
+        self._open(out, "custom" if tool.is_custom else "call")
         return out
 
     def tool_call_arguments(self, chunk: str) -> Events:
         """A piece of the open call's JSON arguments."""
         if self._state == "done":
             return []
-        if self._kind != "call":
+        if self._kind not in ("call", "custom"):
             raise StreamStateError("tool-call arguments with no tool call open")
         if not chunk:
             return []
         self._buf.append(chunk)
+        if self._kind == "custom":
+            return self._custom_input(self._input.feed(chunk))
         if not self._emit:
             return []
-        ev = {
+        return [self._stamped({
             "type": "response.function_call_arguments.delta",
             "item_id": self._item_id,
             "output_index": self._index,
             "delta": chunk,
-            "sequence_number": self._seq,
-        }
-        self._seq += 1
-        if self._sid is not None:
-            ev["stream_id"] = self._sid
-        return [ev]
+        })]
+
+    def _custom_input(self, text: str) -> Events:
+        if not text:
+            return []
+        self._sent.append(text)
+        if not self._emit:
+            return []
+        return [self._stamped({
+            "type": "response.custom_tool_call_input.delta",
+            "item_id": self._item_id,
+            "output_index": self._index,
+            "delta": text,
+        })]
 
     def tool_call_end(self) -> Events:
         """The open call is complete."""
         if self._state == "done":
             return []
-        if self._kind != "call":
+        if self._kind not in ("call", "custom"):
             raise StreamStateError("tool-call end with no tool call open")
         out: Events = []
         self._close(out, "completed")

@@ -17,17 +17,23 @@ the server, which owns the grammar engine; this module imports nothing of it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from protocol.checks import check_bool, check_object, check_str, path
+from protocol.checks import (
+    check_known_keys,
+    check_object,
+    opt_bool,
+    opt_str,
+    path,
+    refuse_missing,
+    req_name,
+    require,
+)
 from protocol.errors import Refusal
 
 __all__ = ["UNSUPPORTED_STRICT_KEYWORDS", "TextFormat", "check_strict_schema", "decode_text_format"]
-
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 # Keywords OpenAI's strict mode does not support (its structured-outputs guide). Other
 # keys (title, description, $defs, $ref, anyOf, enum, const, pattern, format, bounds,
@@ -42,6 +48,7 @@ UNSUPPORTED_STRICT_KEYWORDS = frozenset({
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SCHEMA_ONE = ("items", "additionalProperties")
 _SCHEMA_LISTS = ("anyOf", "prefixItems")
+_SCHEMA_FORMAT_KEYS = frozenset({"name", "schema", "description", "strict"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,58 +83,40 @@ def decode_text_format(fmt: Any, param: str, *, nested: str | None = None) -> Te
     chat puts json_schema's fields in a sub-object (``response_format.json_schema``);
     Responses has them flat (None)."""
     check_object(fmt, param)
-    t = fmt.get("type")
-    if t is None:
-        raise Refusal(f"Missing required parameter: '{path(param, 'type')}'.", param=path(param, "type"),
-                      code="missing_required_parameter")
+    t = require(fmt, "type", param)
     if t not in ("text", "json_schema", "json_object"):
         raise Refusal(f"Invalid value: {t!r}. Supported values are: 'text', 'json_schema' and 'json_object'.",
                       param=path(param, "type"), code="invalid_value")
     allowed = {"type"}
     if t == "json_schema":
-        allowed |= {nested} if nested else {"name", "schema", "description", "strict"}
-    _known(fmt, param, allowed)
+        allowed |= {nested} if nested else _SCHEMA_FORMAT_KEYS
+    check_known_keys(fmt, param, allowed)
     if t != "json_schema":
         return TextFormat(t)
-    where, obj = param, fmt
-    if nested:
-        where = path(param, nested)
-        if fmt.get(nested) is None:
-            raise Refusal(f"Missing required parameter: '{where}'.", param=where, code="missing_required_parameter")
-        obj = check_object(fmt[nested], where)
-        _known(obj, where, {"name", "schema", "description", "strict"})
-    name = obj.get("name")
-    if name is None:
-        raise Refusal(f"Missing required parameter: '{path(where, 'name')}'.", param=path(where, "name"),
-                      code="missing_required_parameter")
-    check_str(name, path(where, "name"))
-    if not _NAME.fullmatch(name):
-        raise Refusal(
-            f"Invalid '{path(where, 'name')}': string does not match pattern. Expected a string that matches the "
-            "pattern '^[a-zA-Z0-9_-]{1,64}$'.", param=path(where, "name"), code="invalid_value")
-    description = obj.get("description")
-    if description is not None:
-        check_str(description, path(where, "description"))
-    strict = obj.get("strict")
-    if strict is not None:
-        strict = check_bool(strict, path(where, "strict"))
+    if not nested:
+        return _json_schema(fmt, param, schema_required=True)
+    where = path(param, nested)
+    obj = check_object(require(fmt, nested, param), where)
+    check_known_keys(obj, where, _SCHEMA_FORMAT_KEYS)
+    return _json_schema(obj, where, schema_required=False)
+
+
+def _json_schema(obj: Mapping[str, Any], where: str, *, schema_required: bool) -> TextFormat:
+    """The fields of a json_schema format. OpenAI's chat accepts a missing schema as any
+    JSON (`schema_required` False); Responses demands one."""
+    name = req_name(obj, "name", where)
+    description = opt_str(obj, "description", where)
+    strict = opt_bool(obj, "strict", where)
     sp = path(where, "schema")
     schema = obj.get("schema")
-    if schema is None:  # OpenAI's chat accepts a missing schema as any JSON; Responses demands one
-        if not nested:
-            raise Refusal(f"Missing required parameter: '{sp}'.", param=sp, code="missing_required_parameter")
+    if schema is None:
+        if schema_required:
+            refuse_missing(sp)
     else:
         check_object(schema, sp)
         if strict:
             check_strict_schema(schema, owner=f"response_format '{name}'", param=sp, code="invalid_json_schema")
     return TextFormat("json_schema", name, schema, description, strict)
-
-
-def _known(obj: Mapping[str, Any], param: str, allowed: set[str]) -> None:
-    for key in obj:
-        if key not in allowed:
-            p = path(param, key)
-            raise Refusal(f"Unknown parameter: '{p}'.", param=p, code="unknown_parameter")
 
 
 def check_strict_schema(schema: Mapping[str, Any], *, owner: str, param: str, code: str) -> None:

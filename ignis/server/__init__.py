@@ -4,14 +4,21 @@
     context.py            what every route shares (config and its live part, engine, renderer, ...)
     auth.py               API keys: Authorization: Bearer, or the upgrade's subprotocol entry
     websocket_protocol.py Sanic's protocol class with permessage-deflate and subprotocol selection
+    prepare.py            a decoded request -> (prompt, SamplingParams): every endpoint and transport
     render.py             conversation -> prompt token ids (one path for both endpoints)
-    sampling.py           request sampling fields -> engine SamplingParams, fitted to the context
+    params.py             sampling fields -> engine SamplingParams: served defaults, context fit
+    tool_forcing.py       a demanded tool call's forced opening, the thinking budget
+    structured.py         the output grammar of a JSON format or strict tools
     admission.py          engine room for HTTP (else 503), the server-wide FIFO for sockets
-    generation.py         engine outputs -> output parser -> protocol events (every transport)
+    turn.py               one turn, any transport: engine outputs -> parser -> encoder events
+    logprobs.py           per-token logprobs, put on the answer text they belong to
     responses_http.py     POST /v1/responses (JSON, SSE)
     chat_http.py          POST /v1/chat/completions (JSON, SSE)
     http_turn.py          one HTTP turn for both: deadline, admission or 503, drive, metrics
     socket_session.py     GET /v1/responses upgraded: lanes, history, queue, cancel, idle close
+    socket_intake.py      the socket's frames: size and buffer budgets, UTF-8, inflation bounds
+    guard.py              Origin, Host and content-type checks (a browser can reach a local server)
+    connections.py        receive timeouts and the connection limit
     sse.py                server-sent events framing
     metrics.py            Prometheus metrics, a registry per app
     admin.py              GET / PATCH /admin/config (live settings)

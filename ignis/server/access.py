@@ -10,7 +10,7 @@ import time
 from sanic import Request
 from sanic.response import BaseHTTPResponse
 
-from ignis.server.generation import Outcome
+from ignis.server.turn import Outcome
 
 __all__ = ["access_log", "on_request", "on_response", "log_outcome", "log_client_closed"]
 

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: a ``chat.completion``, or ``chat.completion.chunk`` SSE
 lines ending with ``data: [DONE]``.
 
-The messages go through the same conversation path as /v1/responses (`render`), so
+The messages go through the same conversation path as /v1/responses (`prepare`), so
 the same conversation gives the same prompt tokens and a follow-up through either
 endpoint hits the prefix cache. Engine full: 503 with Retry-After.
 
@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from sanic import HTTPResponse, Request
 
 from ignis.server.context import ServerContext
 from ignis.server.errors import json_response, refusal_response
+from ignis.engine import SamplingParams
 from ignis.server.http_turn import run_turn
-from ignis.server.sampling import engine_params
+from ignis.server.prepare import prepare_chat
+from ignis.server.render import Prompt
 from ignis.server.sse import SSE_DONE, chat_text
-from ignis.server.constraints import constrain_output, with_grammar
-from ignis.server.structured import output_grammar
-from protocol.chat_request import decode_chat_request_bytes
+from ignis.server.turn import TurnEnding
+from protocol.chat_request import ChatRequest, decode_chat_request_bytes
 from protocol.chat_response import ChatStream
 from protocol.errors import Refusal
 
@@ -37,26 +37,11 @@ __all__ = ["create_chat_completion"]
 _SHUTDOWN = "The server shut down before this completion finished (server.shutdown_grace); retry it."
 
 
-def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[Any, Any, Any]:
+def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[ChatRequest, Prompt, SamplingParams]:
     req = decode_chat_request_bytes(raw)
     ctx.check_model(req.model)
     req = ctx.with_defaults(req)
-    prompt = ctx.renderer.render(req.messages, req.tools, req.tool_choice, thinking=req.sampling.thinking,
-                                 param="messages", max_tokens=ctx.max_model_len - 1)
-    prompt, constraint = constrain_output(prompt, req.tool_choice, req.tools, ctx.loaded.tokenizer,
-                                          ctx.loaded.config.vocab_size, think_budget=req.sampling.thinking_budget,
-                                          stop=req.sampling.stop or ())
-    index = {t.name: i for i, t in enumerate(req.tools)}
-    grammar = output_grammar(
-        prompt.parser, req.response_format, req.tools, req.tool_choice, req.sampling,
-        parallel=req.parallel_tool_calls, tokenizer=ctx.loaded.tokenizer, vocab_size=ctx.loaded.config.vocab_size,
-        format_param="response_format.json_schema",
-        tool_param=lambda name: f"tools[{index.get(name, 0)}].function.parameters",
-    )
-    constraint = with_grammar(constraint, grammar)
-    params = engine_params(req.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
-                           logprobs=req.logprobs, param="messages", constraint=constraint,
-                           max_output_tokens=ctx.max_output_tokens, grammar=grammar)
+    prompt, params = prepare_chat(ctx, req)
     return req, prompt, params
 
 
@@ -68,7 +53,7 @@ async def create_chat_completion(request: Request) -> HTTPResponse | None:
     enc = ChatStream(model=req.model, include_usage=req.include_usage, logprobs=req.logprobs, emit=req.stream)
     outcome = await run_turn(request, ctx, endpoint="chat", sse=req.stream, prompt=prompt, params=params,
                              encoder=enc, arrival=arrival, to_text=chat_text, trailer=SSE_DONE,
-                             timeout_code="timeout", abort_error=_SHUTDOWN,
+                             ending=TurnEnding(timeout_code="timeout", abort_error=_SHUTDOWN),
                              single_call=not req.parallel_tool_calls)
     if isinstance(outcome, HTTPResponse):
         return outcome

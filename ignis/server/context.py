@@ -18,7 +18,7 @@ from ignis.server.auth import resolve_api_key
 from ignis.server.errors import model_not_found
 from ignis.server.metrics import Metrics
 from ignis.server.render import Renderer
-from ignis.server.sampling import RequestDefaults
+from ignis.server.params import RequestDefaults
 
 __all__ = ["LiveSettings", "ServerContext", "LIVE_KEYS"]
 
@@ -99,10 +99,6 @@ class ServerContext:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
-
-    @property
-    def max_output_tokens(self) -> int | None:
-        return self.cfg.max_output_tokens
 
     def with_defaults(self, request: Any) -> Any:
         """A decoded request (Responses or chat) with the model's sampling defaults in the

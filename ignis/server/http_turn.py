@@ -12,28 +12,35 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sanic import HTTPResponse, Request
 
+from ignis.engine import SamplingParams
 from ignis.output_parser import OutputParser
 from ignis.server.access import log_client_closed, log_outcome
 from ignis.server.context import ServerContext
 from ignis.server.errors import overloaded, refusal_response, shutting_down
-from ignis.server.generation import Outcome, client_closed, drive
+from ignis.server.render import Prompt
 from ignis.server.sse import open_sse
+from ignis.server.turn import Encoder, Event, Outcome, TurnEnding, client_closed, drive, timeout_message
 
 log = logging.getLogger("ignis.server")
 
 
-def timeout_message(key: str, limit: float | None) -> str:
-    if key == "request_timeout":
-        return f"Timed out: the request did not finish within server.request_timeout ({limit or 0:g} s)."
-    return f"Timed out: the response did not finish within server.stream_timeout ({limit or 0:g} s) of its admission."
-
-
-async def _discard(events: list[dict[str, Any]]) -> None:
+async def _discard(events: list[Event]) -> None:
     return None
+
+
+def _deadline(ctx: ServerContext, sse: bool, arrival: float) -> tuple[str, float | None, dict[str, Any]]:
+    """(setting, seconds, admission timing): a stream's limit counts from admission, a
+    JSON request's from arrival."""
+    if sse:
+        limit = ctx.seconds(ctx.live.stream_timeout)
+        return "stream_timeout", limit, {"timeout": limit}
+    limit = ctx.seconds(ctx.live.request_timeout)
+    return "request_timeout", limit, {"deadline": arrival + limit if limit else None}
 
 
 async def run_turn(
@@ -42,61 +49,52 @@ async def run_turn(
     *,
     endpoint: str,
     sse: bool,
-    prompt: Any,
-    params: Any,
-    encoder: Any,
+    prompt: Prompt,
+    params: SamplingParams,
+    encoder: Encoder,
     arrival: float,
-    to_text: Callable[[list[dict[str, Any]]], str],
-    start: Callable[[], list[dict[str, Any]]] | None = None,
+    to_text: Callable[[list[Event]], str],
+    start: Callable[[], list[Event]] | None = None,
     trailer: str | None = None,
-    timeout_code: str = "server_error",
-    abort_error: str | None = None,
+    ending: TurnEnding = TurnEnding(),
     single_call: bool = False,
 ) -> Outcome | HTTPResponse:
     """Run the turn; an HTTPResponse (a 503) when the engine has no room or the server
     is shutting down. Over HTTP the engine aborts a turn only when the server shuts down
-    (a client that went away is not answered): `abort_error`, when given, ends it as a
-    failure with that message (chat has no cancelled ending) instead of cancelled."""
+    (a client that went away is not answered): `ending.abort_error`, when given, ends it
+    as a failure with that message (chat has no cancelled ending) instead of cancelled.
+    `ending`'s timeout message is this function's (it knows the deadline)."""
     if ctx.draining:
         ctx.metrics.refused(endpoint, 503)
         retry = ctx.cfg.retry_after
         return refusal_response(shutting_down(retry), headers={"Retry-After": str(retry)})
-    if sse:
-        key, limit = "stream_timeout", ctx.seconds(ctx.live.stream_timeout)
-        timing: dict[str, Any] = {"timeout": limit}
-    else:
-        key, limit = "request_timeout", ctx.seconds(ctx.live.request_timeout)
-        timing = {"deadline": arrival + limit if limit else None}
+    key, limit, timing = _deadline(ctx, sse, arrival)
     stream = ctx.admission.try_now(prompt.ids, params, **timing)
     if stream is None:
         ctx.metrics.refused(endpoint, 503)
         return overloaded(ctx.cfg.retry_after)
-    parser = OutputParser(prompt.parser)
-    kw = dict(tokenizer=ctx.loaded.tokenizer, started=arrival, logprobs=params.logprobs,
-              timeout_message=timeout_message(key, limit), timeout_code=timeout_code, abort_error=abort_error,
-              single_call=single_call)
-    route = f"{request.method} {request.path}"
+    ending = replace(ending, timeout_message=timeout_message(key, limit))
+    transport = "sse" if sse else "http"
     ctx.http_streams.add(stream)
     try:
         async with stream:
-            if sse:
-                resp = await open_sse(request)
-
-                async def emit(events: list[dict[str, Any]]) -> None:
+            resp = await open_sse(request) if sse else None
+            emit = _discard
+            if resp is not None:
+                async def emit(events: list[Event]) -> None:
                     await resp.send(to_text(events))
 
                 if start is not None:
                     await emit(start())
-                outcome = await drive(stream, parser, encoder, emit, **kw)
+            outcome = await drive(stream, OutputParser(prompt.parser), encoder, emit, tokenizer=ctx.loaded.tokenizer,
+                                  started=arrival, logprobs=params.logprobs, ending=ending, single_call=single_call)
+            if resp is not None:
                 if trailer is not None:
                     await resp.send(trailer)
                 await resp.eof()
-            else:
-                outcome = await drive(stream, parser, encoder, _discard, **kw)
     except asyncio.CancelledError:
         # The client went away (Sanic cancels the handler): the stream's exit aborted the
         # engine side; its final output, when it comes, is counted and logged as a 499.
-        transport = "sse" if sse else "http"
         request.ctx.client_closed = True
 
         def gone(final: Any) -> None:
@@ -108,6 +106,6 @@ async def run_turn(
         raise
     finally:
         ctx.http_streams.discard(stream)
-    ctx.metrics.finished(endpoint, "sse" if sse else "http", outcome, time.monotonic() - arrival)
-    log_outcome(route, encoder.id, outcome, enabled=ctx.cfg.access_log)
+    ctx.metrics.finished(endpoint, transport, outcome, time.monotonic() - arrival)
+    log_outcome(f"{request.method} {request.path}", encoder.id, outcome, enabled=ctx.cfg.access_log)
     return outcome

@@ -31,7 +31,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ignis.server.generation import Outcome
+from ignis.server.turn import Outcome
 
 __all__ = ["Metrics", "CONTENT_TYPE"]
 

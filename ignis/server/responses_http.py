@@ -1,7 +1,7 @@
 """POST /v1/responses: a JSON response object, or server-sent events with stream: true.
 
 Body -> `protocol.decode.decode_request` (refusals are 4xx with a param) -> the shared
-conversation path (`render`) -> engine, or 503 with Retry-After when it has no room
+conversation path (`prepare`) -> engine, or 503 with Retry-After when it has no room
 (HTTP does not queue; the socket does). ``previous_response_id`` is refused over HTTP
 (ignis stores no responses; clients resend the history, as Codex does).
 
@@ -23,52 +23,21 @@ from sanic import HTTPResponse, Request
 from ignis.server.context import ServerContext
 from ignis.server.errors import json_response
 from ignis.server.http_turn import run_turn
-from ignis.server.sampling import check_context, engine_params
+from ignis.server.prepare import prepare_response
 from ignis.server.sse import responses_text
-from ignis.server.constraints import constrain_output, with_grammar
-from ignis.server.structured import output_grammar
+from ignis.server.turn import TurnEnding
 from protocol.decode import decode_json, decode_request
 from protocol.request import ResponsesRequest
-from protocol.responses_conversation import to_conversation
 from protocol.stream import ResponseStream
 
-__all__ = ["create_response", "prepare"]
-
-
-def prepare(ctx: ServerContext, request: ResponsesRequest, *, generation: bool = True) -> tuple[Any, Any]:
-    """(Prompt, SamplingParams) for a decoded request whose input is the whole conversation."""
-    conv = to_conversation(request)
-    limit = ctx.max_model_len - (1 if generation else 0)
-    prompt = ctx.renderer.render(
-        conv.messages, conv.tools, conv.tool_choice,
-        thinking=request.sampling.thinking, generation=generation, param="input",
-        max_tokens=limit, truncate=request.truncation == "auto",
-    )
-    if not generation:
-        check_context(len(prompt.ids), ctx.max_model_len, "input", prewarm=True)
-        return prompt, None
-    prompt, constraint = constrain_output(prompt, conv.tool_choice, conv.tools, ctx.loaded.tokenizer,
-                                          ctx.loaded.config.vocab_size, think_budget=request.sampling.thinking_budget)
-    index = {t.name: i for i, t in enumerate(request.tools)}
-    grammar = output_grammar(
-        prompt.parser, request.text.format, conv.tools, conv.tool_choice, request.sampling,
-        parallel=request.parallel_tool_calls, tokenizer=ctx.loaded.tokenizer, vocab_size=ctx.loaded.config.vocab_size,
-        format_param="text.format", tool_param=lambda name: f"tools[{index.get(name, 0)}].parameters",
-    )
-    constraint = with_grammar(constraint, grammar)
-    params = engine_params(
-        request.sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
-        logprobs=request.include_logprobs or bool(request.top_logprobs), param="input", constraint=constraint,
-        max_output_tokens=ctx.max_output_tokens, grammar=grammar,
-    )
-    return prompt, params
+__all__ = ["create_response"]
 
 
 def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[ResponsesRequest, Any, Any]:
     req = decode_request(decode_json(raw), transport="http", reasoning_key=ctx.reasoning_key)
     ctx.check_model(req.model)
     req = ctx.with_defaults(req)
-    prompt, params = prepare(ctx, req)
+    prompt, params = prepare_response(ctx, req)
     return req, prompt, params
 
 

@@ -55,7 +55,7 @@ async def drain(ctx: Any, grace: float | None = None) -> dict[str, float]:
     ctx.draining = True
     sockets = list(ctx.sockets)
     http_running = len(ctx.http_streams)
-    socket_running = sum(len(s.jobs) for s in sockets)
+    socket_running = sum(len(session.responses) for session in sockets)
     log.info("shutting down: %d HTTP and %d socket responses live, %d sockets open; grace %g s",
              http_running, socket_running, len(sockets), grace)
     for session in sockets:

@@ -52,17 +52,17 @@ from typing import Any
 from sanic import Request
 from websockets.protocol import State
 
+from ignis.engine import RequestStream, SamplingParams
 from ignis.engine.async_engine import EngineDeadError
 from ignis.output_parser import OutputParser
 from ignis.server.access import access_log, log_outcome
 from ignis.server.context import ServerContext
 from ignis.server.errors import engine_unavailable, shutting_down
-from ignis.server.generation import client_closed, drive
-from ignis.server.http_turn import timeout_message
-from ignis.server.responses_http import prepare
+from ignis.server.prepare import prepare_response
+from ignis.server.render import Prompt
+from ignis.server.turn import Outcome, TurnEnding, client_closed, drive, timeout_message
 from ignis.server.socket_intake import RefusedMessage
 from protocol import ids
-from protocol.decode import decode_item
 from protocol.errors import Refusal
 from protocol.events import dumps
 from protocol.items import Item
@@ -85,21 +85,21 @@ _FINISHED_MEMORY = 1024  # recently finished ids: a late cancel of one is not an
 _WATCH_INTERVAL = 0.25  # seconds between idle checks (live patches land within it)
 
 
-class _Gone(Exception):
+class SocketClosed(Exception):
     """The socket is closed: nothing more can be sent."""
 
 
-class Job:
+class SocketResponse:
     """One ``response.create``, from its frame to its terminal event."""
 
     def __init__(self, session: SocketSession, event: CreateEvent) -> None:
         self.session = session
         self.event = event
-        self.sid = event.stream_id
+        self.stream_id = event.stream_id
         self.id = ids.response_id()
         self.arrival = time.monotonic()
         self.task: asyncio.Task[None] | None = None
-        self.engine_stream: Any = None
+        self.engine_stream: RequestStream | None = None
         self.encoder: ResponseStream | None = None
         self.cancel_requested = False
         self.done = False
@@ -114,97 +114,110 @@ class Job:
             self.task.cancel()  # queued for the engine, or still preparing
 
     async def run(self) -> None:
-        s = self.session
-        ctx = s.ctx
-        req = self.event.request
-        generate = self.event.generate
+        session, request = self.session, self.event.request
         try:
-            items = req.input
-            if req.previous_response_id is not None:
-                items = s.lookup(req.previous_response_id) + items
+            items = request.input
+            if request.previous_response_id is not None:
+                items = session.lookup(request.previous_response_id) + items
             # Rendering and tokenizing a long history is CPU work: off the event loop.
-            prompt, params = await asyncio.to_thread(prepare, ctx, replace(req, input=items), generation=generate)
+            prompt, params = await asyncio.to_thread(prepare_response, session.ctx, replace(request, input=items),
+                                                     generation=self.event.generate)
         except Refusal as refusal:
-            ctx.metrics.refused("responses", refusal.status)
-            await s.send([error_event(refusal, self.sid)])
+            await session.error(refusal, self.stream_id)
             return
         except asyncio.CancelledError:
-            if self.cancel_requested and not s.closing:  # cancelled while rendering
+            if self.cancel_requested and not session.closing:  # cancelled while rendering
                 await self.cancel_unstarted()
                 return
             raise
-        queued = not ctx.admission.has_room()
-        enc = ResponseStream(req, response_id=self.id, queued=queued, reasoning_key=ctx.reasoning_key,
-                             stream_id=self.sid)
-        self.encoder = enc
-        limit = ctx.seconds(ctx.live.stream_timeout)
-
-        announced = False
-
-        async def notice() -> None:
-            nonlocal announced
-            announced = True
-            await s.send(enc.start())
-
-        try:
-            stream = await ctx.admission.wait(prompt.ids, params, on_queued=notice, timeout=limit,
-                                              prewarm=not generate)
-        except asyncio.CancelledError:
-            if self.cancel_requested and not s.closing:
-                await s.send(enc.cancel())
-                s.remember(self.sid, self.id, items, enc)
-                return
-            raise
-        except EngineDeadError:  # as HTTP's 503: the engine thread is gone
-            refusal = engine_unavailable()
-            ctx.metrics.refused("responses", refusal.status)
-            await s.send(enc.fail(refusal.message) if announced else [error_event(refusal, self.sid)])
+        self.encoder = ResponseStream(request, response_id=self.id, queued=not session.ctx.admission.has_room(),
+                                      reasoning_key=session.ctx.reasoning_key, stream_id=self.stream_id)
+        stream = await self._admit(prompt, params, items)
+        if stream is None:
             return
         self.engine_stream = stream
         async with stream:
             if self.cancel_requested:
                 stream.abort()
-            try:
-                await s.send(enc.admitted())
-                outcome = await drive(
-                    stream, OutputParser(prompt.parser), enc, s.send,
-                    tokenizer=ctx.loaded.tokenizer, started=self.arrival,
-                    logprobs=bool(params and params.logprobs),
-                    timeout_message=timeout_message("stream_timeout", limit),
-                    single_call=not req.parallel_tool_calls,
-                )
-            except (_Gone, asyncio.CancelledError):
-                # The socket went away under the response (the engine side is aborted as the
-                # stream closes): counted, with its tokens, once the engine's final output
-                # comes, as a client that closed (499).
-                def gone(final: Any) -> None:
-                    outcome = client_closed(final, self.arrival)
-                    ctx.metrics.finished("responses", "socket", outcome, outcome.elapsed)
-                    log_outcome("socket", self.id, outcome, stream_id=self.sid, enabled=ctx.cfg.access_log)
+            outcome = await self._drive(stream, prompt, params)
+        session.remember(self.stream_id, self.id, items, self.encoder)
+        self._count(outcome, time.monotonic() - self.arrival)
 
-                stream.on_final(gone)
-                raise
-        s.remember(self.sid, self.id, items, enc)
-        ctx.metrics.finished("responses", "socket", outcome, time.monotonic() - self.arrival)
-        log_outcome("socket", self.id, outcome, stream_id=self.sid, enabled=ctx.cfg.access_log)
+    async def _admit(self, prompt: Prompt, params: SamplingParams | None,
+                     items: tuple[Item, ...]) -> RequestStream | None:
+        """The engine stream, after waiting in the server-wide queue when the engine is full
+        (``response.created`` + ``response.queued`` sent then); None when the response
+        ended while it waited (cancelled, or the engine is gone)."""
+        session, encoder = self.session, self.encoder
+        assert encoder is not None
+        announced = False
+
+        async def announce() -> None:
+            nonlocal announced
+            announced = True
+            await session.send(encoder.start())
+
+        try:
+            return await session.ctx.admission.wait(prompt.ids, params, on_queued=announce,
+                                                    timeout=session.ctx.seconds(session.ctx.live.stream_timeout),
+                                                    prewarm=not self.event.generate)
+        except asyncio.CancelledError:
+            if self.cancel_requested and not session.closing:
+                await session.send(encoder.cancel())
+                session.remember(self.stream_id, self.id, items, encoder)
+                return None
+            raise
+        except EngineDeadError:  # as HTTP's 503: the engine thread is gone
+            refusal = engine_unavailable()
+            if announced:
+                session.ctx.metrics.refused("responses", refusal.status)
+                await session.send(encoder.fail(refusal.message))
+            else:
+                await session.error(refusal, self.stream_id)
+            return None
+
+    async def _drive(self, stream: RequestStream, prompt: Prompt, params: SamplingParams | None) -> Outcome:
+        session, encoder = self.session, self.encoder
+        assert encoder is not None
+        limit = session.ctx.seconds(session.ctx.live.stream_timeout)
+        try:
+            await session.send(encoder.admitted())
+            return await drive(
+                stream, OutputParser(prompt.parser), encoder, session.send,
+                tokenizer=session.ctx.loaded.tokenizer, started=self.arrival,
+                logprobs=bool(params and params.logprobs),
+                ending=TurnEnding(timeout_message=timeout_message("stream_timeout", limit)),
+                single_call=not self.event.request.parallel_tool_calls,
+            )
+        except (SocketClosed, asyncio.CancelledError):
+            # The socket went away under the response (the engine side is aborted as the
+            # stream closes): counted, with its tokens, once the engine's final output
+            # comes, as a client that closed (499).
+            stream.on_final(lambda final: self._count(client_closed(final, self.arrival)))
+            raise
+
+    def _count(self, outcome: Outcome, elapsed: float | None = None) -> None:
+        ctx = self.session.ctx
+        ctx.metrics.finished("responses", "socket", outcome, outcome.elapsed if elapsed is None else elapsed)
+        log_outcome("socket", self.id, outcome, stream_id=self.stream_id, enabled=ctx.cfg.access_log)
 
     async def cancel_unstarted(self) -> None:
         """Cancelled before it began: the full life of a cancelled response, at once."""
-        s = self.session
-        enc = ResponseStream(self.event.request, response_id=self.id, reasoning_key=s.ctx.reasoning_key,
-                             stream_id=self.sid)
-        await s.send(enc.cancel())
+        session = self.session
+        encoder = ResponseStream(self.event.request, response_id=self.id, reasoning_key=session.ctx.reasoning_key,
+                                 stream_id=self.stream_id)
+        await session.send(encoder.cancel())
 
 
 class Lane:
-    def __init__(self, sid: str | None) -> None:
-        self.sid = sid
-        self.pending: deque[Job] = deque()  # not started yet, in order
-        self.current: Job | None = None
+    def __init__(self, stream_id: str | None) -> None:
+        self.stream_id = stream_id
+        self.pending: deque[SocketResponse] = deque()  # not started yet, in order
+        self.current: SocketResponse | None = None
         self.worker: asyncio.Task[None] | None = None
         self.latest: tuple[str, tuple[Item, ...]] | None = None  # (response id, whole conversation)
 
-    def live_jobs(self) -> list[Job]:
+    def live(self) -> list[SocketResponse]:
         return ([self.current] if self.current is not None else []) + list(self.pending)
 
 
@@ -214,7 +227,7 @@ class SocketSession:
         self.ws = ws
         self.peer = peer
         self.lanes: dict[str | None, Lane] = {}
-        self.jobs: dict[str, Job] = {}  # live jobs by response id
+        self.responses: dict[str, SocketResponse] = {}  # live responses by response id
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.active = asyncio.Semaphore(MAX_ACTIVE)
         self.closing = False
@@ -226,19 +239,19 @@ class SocketSession:
     async def send(self, events: list[dict[str, Any]]) -> None:
         for ev in events:
             if self.closing or self.ws.ws_proto.state is not State.OPEN:
-                raise _Gone()
+                raise SocketClosed()
             try:
                 await self.ws.send(dumps(ev))
             except Exception as exc:  # noqa: BLE001 - Sanic's WebsocketClosed, websockets' ConnectionClosed
                 if self.ws.ws_proto.state is not State.OPEN:
-                    raise _Gone() from exc
+                    raise SocketClosed() from exc
                 raise
 
     async def error(self, refusal: Refusal, stream_id: str | None = None) -> None:
         self.ctx.metrics.refused("responses", refusal.status)
         try:
             await self.send([error_event(refusal, stream_id)])
-        except _Gone:
+        except SocketClosed:
             pass
 
     # -- history --------------------------------------------------------------------
@@ -254,12 +267,10 @@ class SocketSession:
             code="previous_response_not_found",
         )
 
-    def remember(self, sid: str | None, response_id: str, items: tuple[Item, ...], enc: ResponseStream) -> None:
-        if enc.status not in ("completed", "incomplete", "cancelled"):
+    def remember(self, stream_id: str | None, response_id: str, items: tuple[Item, ...], encoder: ResponseStream) -> None:
+        if encoder.status not in ("completed", "incomplete", "cancelled"):
             return
-        key = self.ctx.reasoning_key
-        outputs = tuple(decode_item(o, f"output[{i}]", reasoning_key=key) for i, o in enumerate(enc.response["output"]))
-        self.lanes[sid].latest = (response_id, tuple(items) + outputs)
+        self.lanes[stream_id].latest = (response_id, tuple(items) + tuple(encoder.output_items))
 
     # -- the connection ---------------------------------------------------------------
 
@@ -297,77 +308,77 @@ class SocketSession:
             await self._create(ev)
 
     async def _create(self, ev: CreateEvent) -> None:
-        sid = ev.stream_id
+        stream_id = ev.stream_id
         if self.ctx.draining:
-            await self.error(shutting_down(self.ctx.cfg.retry_after), sid)
+            await self.error(shutting_down(self.ctx.cfg.retry_after), stream_id)
             return
-        if sid is not None and sid not in self.lanes and sum(k is not None for k in self.lanes) >= MAX_STREAMS:
+        if stream_id is not None and stream_id not in self.lanes and sum(k is not None for k in self.lanes) >= MAX_STREAMS:
             await self.error(Refusal(f"At most {MAX_STREAMS} stream_id values per connection.", param="stream_id",
-                                     code="websocket_stream_limit_reached"), sid)
+                                     code="websocket_stream_limit_reached"), stream_id)
             return
         try:
             self.ctx.check_model(ev.request.model)
         except Refusal as refusal:
-            await self.error(refusal, sid)
+            await self.error(refusal, stream_id)
             return
         ev = replace(ev, request=self.ctx.with_defaults(ev.request))
-        lane = self.lanes.get(sid)
+        lane = self.lanes.get(stream_id)
         if lane is None:
-            lane = self.lanes[sid] = Lane(sid)
-        job = Job(self, ev)
-        self.jobs[job.id] = job
-        lane.pending.append(job)
+            lane = self.lanes[stream_id] = Lane(stream_id)
+        response = SocketResponse(self, ev)
+        self.responses[response.id] = response
+        lane.pending.append(response)
         if lane.worker is None:
             lane.worker = asyncio.ensure_future(self._run_lane(lane))
 
     async def _run_lane(self, lane: Lane) -> None:
         try:
             while lane.pending:
-                job = lane.pending[0]
+                response = lane.pending[0]
                 async with self.active:
-                    if job.done:  # cancelled while waiting for a slot (already removed)
+                    if response.done:  # cancelled while waiting for a slot (already removed)
                         continue
                     lane.pending.popleft()
-                    lane.current = job
-                    job.task = asyncio.ensure_future(self._guarded(job))
-                    await asyncio.wait([job.task])
+                    lane.current = response
+                    response.task = asyncio.ensure_future(self._guarded(response))
+                    await asyncio.wait([response.task])
                     lane.current = None
         finally:
             lane.worker = None
 
-    async def _guarded(self, job: Job) -> None:
+    async def _guarded(self, response: SocketResponse) -> None:
         try:
-            await job.run()
-        except _Gone:
+            await response.run()
+        except SocketClosed:
             pass
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - one response fails, the socket lives on
-            log.exception("socket response %s failed", job.id)
+            log.exception("socket response %s failed", response.id)
             message = "The server had an error while processing this response."
             try:
-                if job.encoder is None:
+                if response.encoder is None:
                     await self.send([error_event(Refusal(message, code="server_error", type="server_error",
-                                                         status=500), job.sid)])
-                elif not job.encoder.done:
-                    await self.send(job.encoder.fail(message))
-            except _Gone:
+                                                         status=500), response.stream_id)])
+                elif not response.encoder.done:
+                    await self.send(response.encoder.fail(message))
+            except SocketClosed:
                 pass
         finally:
-            self._finished(job)
+            self._finished(response)
 
-    def _finished(self, job: Job) -> None:
-        job.done = True
-        self.jobs.pop(job.id, None)
-        self.finished[job.id] = None
+    def _finished(self, response: SocketResponse) -> None:
+        response.done = True
+        self.responses.pop(response.id, None)
+        self.finished[response.id] = None
         while len(self.finished) > _FINISHED_MEMORY:
             self.finished.popitem(last=False)
         self.last_busy = time.monotonic()
 
     async def _cancel(self, ev: CancelEvent) -> None:
         if ev.response_id is not None:
-            job = self.jobs.get(ev.response_id)
-            if job is None:
+            response = self.responses.get(ev.response_id)
+            if response is None:
                 if ev.response_id not in self.finished:
                     await self.error(Refusal(f"No response with id '{ev.response_id}' on this connection.",
                                              param="response_id", code="response_not_found", status=404),
@@ -375,52 +386,52 @@ class SocketSession:
                 return
         else:
             lane = self.lanes.get(ev.stream_id)
-            live = lane.live_jobs() if lane is not None else []
+            live = lane.live() if lane is not None else []
             if not live:
                 return  # nothing to cancel (it may have just finished)
-            job = live[-1]
-        if job.task is None:  # waiting in its lane: never started
-            await self._cancel_unstarted(self.lanes[job.sid], job)
+            response = live[-1]
+        if response.task is None:  # waiting in its lane: never started
+            await self._cancel_unstarted(self.lanes[response.stream_id], response)
             return
-        job.cancel()
+        response.cancel()
 
-    async def _cancel_unstarted(self, lane: Lane, job: Job) -> None:
+    async def _cancel_unstarted(self, lane: Lane, response: SocketResponse) -> None:
         """End a response still waiting in its lane (it never reached the engine)."""
-        if job in lane.pending:
-            lane.pending.remove(job)
-        self._finished(job)
+        if response in lane.pending:
+            lane.pending.remove(response)
+        self._finished(response)
         try:
-            await job.cancel_unstarted()
-        except _Gone:
+            await response.cancel_unstarted()
+        except SocketClosed:
             pass
 
     def _cancel_everything(self) -> None:
         for lane in self.lanes.values():
-            for job in list(lane.pending):
-                job.done = True
+            for response in list(lane.pending):
+                response.done = True
             lane.pending.clear()
             if lane.worker is not None:
                 lane.worker.cancel()
-        for job in list(self.jobs.values()):
-            if job.task is not None:
-                job.task.cancel()  # `async with stream` aborts it in the engine
-            elif job.engine_stream is not None:
-                job.engine_stream.abort()
+        for response in list(self.responses.values()):
+            if response.task is not None:
+                response.task.cancel()  # `async with stream` aborts it in the engine
+            elif response.engine_stream is not None:
+                response.engine_stream.abort()
 
     async def cancel_all(self, *, running: bool) -> int:
         """Server shutdown: cancel every response not started in the engine yet (waiting in
         its lane, preparing, queued), and with `running` the running ones too; each ends
         with its terminal event. Returns how many running ones were cancelled."""
         for lane in list(self.lanes.values()):
-            for job in list(lane.pending):
-                await self._cancel_unstarted(lane, job)
+            for response in list(lane.pending):
+                await self._cancel_unstarted(lane, response)
         cut = 0
-        for job in list(self.jobs.values()):
-            if job.task is None:
+        for response in list(self.responses.values()):
+            if response.task is None:
                 continue
-            if job.engine_stream is None or running:
-                cut += job.engine_stream is not None
-                job.cancel()
+            if response.engine_stream is None or running:
+                cut += response.engine_stream is not None
+                response.cancel()
         return cut
 
     async def close(self, code: int, reason: str) -> None:
@@ -429,7 +440,7 @@ class SocketSession:
 
     @property
     def busy(self) -> bool:
-        return bool(self.jobs)
+        return bool(self.responses)
 
     async def _idle_watchdog(self) -> None:
         while True:

@@ -12,13 +12,16 @@ What is constrained (ignis/engine/grammar.py enforces it, from the first output 
   each ``<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`` as the Hermes
   block in the system prompt teaches (and as the forced start spells it), with ARGS
   the tool's schema (strict) or any JSON object (not strict); the grammar replaces the
-  forced start of constraints.py for that request (the thinking budget stays).
-- ``parallel_tool_calls: false``: exactly one call.
+  forced start of tool_forcing.py for that request (the thinking budget stays);
+  ``parallel_tool_calls: false``: exactly one call.
+- ``tool_choice: "auto"`` with a strict tool among the callable ones: free text, but
+  each call the model opens (its ``<tool_call>`` tag, by id when the tag is one added
+  token, else as text) is constrained as above from the tag on; with
+  ``parallel_tool_calls: false`` at most one call, and nothing but whitespace after it.
+  A request that sets ``stop`` or ``min_tokens`` keeps them instead, unconstrained
+  (a grammar cannot honour them; a forced call or a JSON format refuses them).
 - A reasoning template: an optional think block first (or the rest of the block the
   prompt opened), free text up to the first closing tag.
-
-Not constrained yet: strict tools under ``tool_choice: "auto"`` without a JSON format
-(that needs a grammar triggered when the model opens a call).
 
 A grammar the engine cannot compile is the client's: 400 with llguidance's message at
 the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). Stop strings
@@ -33,7 +36,8 @@ from typing import Any
 
 from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
 from ignis.output_parser import ParserConfig
-from ignis.server.constraints import required_tools
+from ignis.server.freeform import FreeformError, json_string_rule
+from ignis.server.tool_forcing import required_tools
 from protocol.conversation import FunctionTool, ToolChoice
 from protocol.errors import Refusal
 from protocol.sampling import SamplingFields
@@ -42,6 +46,7 @@ from protocol.structured import TextFormat
 __all__ = ["output_grammar"]
 
 _ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+_INPUT_OPEN = json.dumps('{"input": ')  # a custom tool's arguments: {"input": STRING}
 
 
 def _with_options(schema: Mapping[str, Any], strict: bool) -> dict[str, Any]:
@@ -74,6 +79,99 @@ def _json(schema: Mapping[str, Any], strict: bool) -> str:
     return "%json " + json.dumps(_with_options(schema, strict), ensure_ascii=False)
 
 
+def _refuse_with_grammar(sampling: SamplingFields) -> None:
+    if sampling.stop:
+        raise Refusal("'stop' cannot be combined with a JSON output format or strict or custom tools: a stop "
+                      "sequence would cut the constrained output before it is complete.", param="stop",
+                      code="invalid_value")
+    if sampling.min_tokens:
+        raise Refusal("'min_tokens' cannot be combined with a JSON output format or strict or custom tools: the "
+                      "grammar decides where the output ends.", param="min_tokens", code="invalid_value")
+
+
+def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: Any, lt: Any,
+                tool_param: Callable[[str], str]) -> list[str]:
+    """Rules for one tool call block, ``call``: ``<tool_call>\\n{"name": "NAME",
+    "arguments": ARGS}\\n</tool_call>`` as the Hermes block in the system prompt teaches
+    it, ARGS the tool's schema (strict) or any JSON object; ``call_body`` is what follows
+    the opening tag."""
+    rules, names = [], []
+    for k, tool in enumerate(tools):
+        if tool.is_custom:
+            rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
+            rules.append(f"input_{k}: {_custom_input(tool, lt, tool_param)}")
+        else:
+            schema = tool.parameters if tool.strict and tool.parameters else _ANY_OBJECT
+            if tool.strict and tool.parameters:
+                _check(schema, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
+                       code="invalid_function_parameters")
+            rules.append(f"args_{k}: {_json(schema, bool(tool.strict))}")
+        head = _lit(json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
+        names.append(f"{head} args_{k}")
+    opening, closing = _lit('\n{"name": '), _lit("}\n")
+    rules.append(f"call_body: {opening} ({' | '.join(names)}) {closing} {_tag(parser.tool_end, tokenizer)}")
+    rules.append(f"call: {_tag(parser.tool_start, tokenizer)} call_body")
+    return rules
+
+
+def _custom_input(tool: FunctionTool, lt: Any, tool_param: Callable[[str], str]) -> str:
+    """The rule body of a custom tool's input (a JSON string its format accepts). A
+    grammar llguidance rejects, or one that cannot be held inside a JSON string, is the
+    client's: 400 at its definition."""
+    fmt = tool.format
+    assert fmt is not None
+    where = tool_param(tool.name).rsplit(".", 1)[0] + ".format.definition"
+    if fmt.syntax is not None:
+        try:
+            own = Grammar.lark(fmt.definition or "") if fmt.syntax == "lark" else Grammar.regex(fmt.definition or "")
+            own.check(lt)
+        except (GrammarError, ValueError) as exc:
+            raise Refusal(f"Invalid grammar for custom tool '{tool.name}': {exc}", param=where,
+                          code="invalid_value") from None
+    try:
+        return json_string_rule(fmt.syntax, fmt.definition)
+    except FreeformError as exc:
+        raise Refusal(f"Unsupported grammar for custom tool '{tool.name}': {exc}", param=where,
+                      code="invalid_value") from None
+
+
+def _think(parser: ParserConfig, tokenizer: Any, body: str) -> list[str]:
+    """``start``: the answer `body`, after an optional think block (or the rest of the one
+    the prompt opened) when the template reasons."""
+    if not parser.reasoning:
+        return [f"start: {body}"]
+    end = _tag(parser.think_end, tokenizer)
+    if end.startswith("<["):  # a token: free text up to it (its bytes are no text)
+        think, rule = f"THINK? {end}", "THINK: /(.|\\n)+/"
+    else:  # text: free text up to its first occurrence, which closes the block
+        think, rule = "think_text", f"think_text[stop={end}]: /(.|\\n)*/"
+    if parser.starts_in_reasoning:
+        return [f"start: {think} WS? ({body})", rule]
+    return [f"start: ({_tag(parser.think_start, tokenizer)} {think} WS?)? ({body})", rule]
+
+
+def _lazy_calls(parser: ParserConfig, tokenizer: Any, parallel: bool) -> tuple[str, list[str]]:
+    """Free text in which each tool call the model opens is constrained: the body and its
+    rules. A tag that is one added token opens a call by its id; a text tag ends a lazy
+    lexeme (free text up to its first occurrence). Free text never holds the tag's text,
+    so whatever the output parser would read as a call is one the grammar held."""
+    start = _tag(parser.tool_start, tokenizer)
+    free = f"/(.|\\n)*/ & ~/(?s:.*){_regex_literal(parser.tool_start)}(?s:.*)/"
+    if start.startswith("<["):
+        rules = [f"opened: TEXT {start} call_body"]
+    else:
+        rules = ["opened: text_then_tag call_body", f"text_then_tag[lazy]: /(.|\\n)*/ {start}"]
+    rules.append(f"TEXT: {free}")
+    if parallel:
+        return "(opened)* TEXT", rules
+    return "TEXT | opened WS?", rules
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a regex matching it literally (inside /.../)."""
+    return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~/" else c for c in text)  # Rust's meta characters
+
+
 def output_grammar(
     parser: ParserConfig,
     text_format: TextFormat,
@@ -93,66 +191,42 @@ def output_grammar(
     where a tool's parameters sit. Compiles (and checks) with the tokenizer: call it off
     the event loop."""
     callable_tools = list(tools) if choice.mode != "none" else []
-    demanded = choice.mode == "required" and bool(callable_tools)
-    if demanded:
+    answer_json = None
+    if choice.mode == "required" and callable_tools:
         names = required_tools(choice, callable_tools)
         callable_tools = [t for t in callable_tools if t.name in names]
-        if not any(t.strict for t in callable_tools):
-            return None  # the forced start (constraints.py) and the server's call check apply
-        answer_json = None
+        if not any(t.strict or t.is_custom for t in callable_tools):
+            return None  # the forced start (tool_forcing.py) and the server's call check apply
+        mode = "calls"
     elif text_format.is_json:
         answer_json = text_format.schema if text_format.type == "json_schema" and text_format.schema else _ANY_OBJECT
+        mode = "answer"
+    elif any(t.strict or t.is_custom for t in callable_tools) and not (sampling.stop or sampling.min_tokens):
+        mode = "lazy"  # (a stop string or min_tokens, which a grammar cannot keep, wins under auto)
     else:
         return None
-    if sampling.stop:
-        raise Refusal("'stop' cannot be combined with a JSON output format or strict tools: a stop sequence would "
-                      "cut the constrained output before it is complete.", param="stop", code="invalid_value")
-    if sampling.min_tokens:
-        raise Refusal("'min_tokens' cannot be combined with a JSON output format or strict tools: the grammar "
-                      "decides where the output ends.", param="min_tokens", code="invalid_value")
+    _refuse_with_grammar(sampling)
     lt = ll_tokenizer(tokenizer, vocab_size)
-    strict_format = bool(text_format.strict)
-    if answer_json is not None:
-        where = f"{format_param}.schema" if text_format.type == "json_schema" else format_param
-        _check(answer_json, strict_format, lt, owner=f"response_format '{text_format.name or 'json_object'}'",
-               param=where, code="invalid_json_schema")
     rules: list[str] = []
     alternatives: list[str] = []
     if answer_json is not None:
+        strict_format = bool(text_format.strict)
+        where = f"{format_param}.schema" if text_format.type == "json_schema" else format_param
+        _check(answer_json, strict_format, lt, owner=f"response_format '{text_format.name or 'json_object'}'",
+               param=where, code="invalid_json_schema")
         rules.append(f"answer: {_json(answer_json, strict_format)}")
         alternatives.append("answer")
     if callable_tools:
-        calls = []
-        for k, tool in enumerate(callable_tools):
-            schema = tool.parameters if tool.strict and tool.parameters else _ANY_OBJECT
-            if tool.strict and tool.parameters:
-                _check(schema, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
-                       code="invalid_function_parameters")
-            head = f'\n{{"name": {json.dumps(tool.name, ensure_ascii=False)}, "arguments": '
-            rules.append(f"args_{k}: {_json(schema, bool(tool.strict))}")
-            rules.append(f"call_{k}: {_tag(parser.tool_start, tokenizer)} {_lit(head)} args_{k} {_lit(chr(125) + chr(10))} "
-                         f"{_tag(parser.tool_end, tokenizer)}")
-            calls.append(f"call_{k}")
-        rules.append("call: " + " | ".join(calls))
-        rules.append("calls: call (WS? call)*" if parallel else "calls: call")
-        alternatives.append("calls")
-    body = " | ".join(alternatives)
-    lines = [*rules, "WS: /[ \\t\\r\\n]+/"]
-    if parser.reasoning:
-        end = _tag(parser.think_end, tokenizer)
-        if end.startswith("<["):  # a token: free text up to it (its bytes are no text)
-            think = f"THINK? {end}"
-            lines.append("THINK: /(.|\\n)+/")
-        else:  # text: free text up to its first occurrence, which closes the block
-            think = "think_text"
-            lines.append(f"think_text[stop={end}]: /(.|\\n)*/")
-        if parser.starts_in_reasoning:
-            lines.insert(0, f"start: {think} WS? ({body})")
-        else:
-            lines.insert(0, f"start: ({_tag(parser.think_start, tokenizer)} {think} WS?)? ({body})")
+        rules += _call_rules(callable_tools, parser, tokenizer, lt, tool_param)
+    if mode == "lazy":
+        body, lazy_rules = _lazy_calls(parser, tokenizer, parallel)
+        rules += lazy_rules
     else:
-        lines.insert(0, f"start: {body}")
-    grammar = Grammar.lark("\n".join(lines))
+        if callable_tools:
+            rules.append("calls: call (WS? call)*" if parallel else "calls: call")
+            alternatives.append("calls")
+        body = " | ".join(alternatives)
+    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body), *rules, "WS: /[ \\t\\r\\n]+/"]))
     try:
         grammar.check(lt)
     except GrammarError as exc:  # each schema compiled alone above: a tag or name the grammar cannot hold

@@ -43,10 +43,13 @@ NO_RETRIES = "request_max_retries = 0\nstream_max_retries = 0\n"
 
 
 def codex_home(path: Path, base_url: str, *, model: str = "fake-model", websockets: bool,
-               instructions: str | None = None, context_window: int | None = None, retries: bool = False) -> Path:
+               instructions: str | None = None, context_window: int | None = None, retries: bool = False,
+               freeform_apply_patch: bool = False) -> Path:
     """A CODEX_HOME for `model` at base_url. `instructions` replace Codex's ~4k-token
     base instructions and `context_window` sets the model's window: what a small local
-    model (SmolLM2: 8k tokens) needs to fit Codex's prompt."""
+    model (SmolLM2: 8k tokens) needs to fit Codex's prompt. `freeform_apply_patch`: the
+    catalog entry asks for Codex's freeform `apply_patch` (a custom tool with a Lark
+    grammar) instead of running patches through the shell."""
     path.mkdir(parents=True, exist_ok=True)
     catalog = json.loads(CATALOG.read_text())
     entry = catalog["models"][0]
@@ -55,6 +58,8 @@ def codex_home(path: Path, base_url: str, *, model: str = "fake-model", websocke
         entry["model_messages"]["instructions_template"] = instructions
     if context_window is not None:
         entry["context_window"] = entry["max_context_window"] = context_window
+    if freeform_apply_patch:
+        entry["apply_patch_tool_type"] = "freeform"
     (path / "catalog.json").write_text(json.dumps(catalog))
     (path / "config.toml").write_text(CONFIG.format(
         model=model, catalog=path / "catalog.json", base_url=base_url, websockets=str(websockets).lower())
@@ -73,11 +78,17 @@ class CodexRun:
 
 
 def run_codex(home: Path, workdir: Path, prompt: str, *, key: str, resume: bool = False,
-              timeout: float = 300) -> CodexRun:
+              timeout: float = 300, disable: tuple[str, ...] = ("goals", "multi_agent"),
+              output_schema: Path | None = None) -> CodexRun:
+    """`codex exec --json`; `disable`: Codex features turned off (the default keeps the
+    four function tools of the conformance recordings; () is Codex's default tool set)."""
     if not CODEX.exists():
         raise RuntimeError(f"{CODEX} is missing: `make test` installs it (npm ci --prefix tests/clients)")
-    args = [str(CODEX), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-            "--disable", "goals", "--disable", "multi_agent", "--json"]
+    args = [str(CODEX), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--json"]
+    for feature in disable:
+        args += ["--disable", feature]
+    if output_schema is not None:
+        args += ["--output-schema", str(output_schema)]
     if resume:
         args += ["resume", "--last"]
     workdir.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,15 @@
 """Codex CLI 0.171, unmodified, against ignis: `codex exec` over HTTP and over the
 socket with the scripted model (a full tool loop: Codex runs `echo hello`, sends the
-output back, gets the final answer), `codex exec resume --last` on the socket, and a
-one-turn answer from the real SmolLM2.
+output back, gets the final answer), `codex exec resume --last` on the socket, its
+default tool set with the freeform `apply_patch` (the file on disk changes) and
+`--output-schema`, and a one-turn answer from the real SmolLM2.
 
 The server runs in this process, so the socket tests spy on what it received (each
 frame, as decoded) and on each response's usage (conftest.spy), not on the wire."""
 
 from __future__ import annotations
 
+import json
 
 import pytest
 
@@ -98,3 +100,42 @@ def test_codex_one_turn_with_smollm2(tmp_path, websockets):
         assert run.events[-1]["type"] == "turn.completed"
     out = server.output
     assert KEY not in out
+
+
+def check_patch_loop(run, workdir) -> None:
+    assert run.rc == 0, (run.events[-4:], run.stderr[-2000:])
+    assert (workdir / "notes.txt").read_text() == "written by ignis\n"  # the file on disk changed
+    [change] = run.items("file_change")
+    assert change["status"] == "completed"
+    [answer] = run.items("agent_message")
+    assert answer["text"] == "I added the note."
+
+
+@pytest.mark.parametrize("websockets", [False, True], ids=["http", "socket"])
+def test_codex_default_tools_and_freeform_apply_patch(scripted_server, tmp_path, spy, websockets):
+    """Codex's default tool set (web search off): its multi-agent namespace tool, its goal
+    tools and the freeform apply_patch, a custom tool whose Lark grammar holds the patch."""
+    home = codex_home(tmp_path / "home", scripted_server.base_url, websockets=websockets, freeform_apply_patch=True)
+    run = run_codex(home, tmp_path / "work", "Add a note file, please.", key=KEY, disable=())
+    check_patch_loop(run, tmp_path / "work")
+    if websockets:
+        first = next(f for f in spy["frames"] if hasattr(f, "request") and f.generate)
+        tools = first.request.tools
+        assert any(t.namespace for t in tools) and any(t.is_custom and t.name == "apply_patch" for t in tools)
+        kinds = [type(i).__name__ for f in spy["frames"] if hasattr(f, "request") for i in f.request.input]
+        assert "CustomToolCallOutput" in kinds
+
+
+def test_codex_output_schema(scripted_server, tmp_path):
+    """`codex exec --output-schema FILE` (Codex's default tool set): the final message is
+    JSON that validates against FILE, held to it by the grammar."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+              "additionalProperties": False}  # the schema of the recorded case http_output_schema
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    home = codex_home(tmp_path / "home", scripted_server.base_url, websockets=False, freeform_apply_patch=True)
+    run = run_codex(home, tmp_path / "work", "Say hi as JSON.", key=KEY, disable=(), output_schema=path)
+    assert run.rc == 0, (run.events[-4:], run.stderr[-2000:])
+    [answer] = run.items("agent_message")
+    jsonschema.validate(json.loads(answer["text"]), schema)

@@ -8,9 +8,11 @@ text. Socket continuations report cached tokens.
 
 One change to what Codex sent, in the open: the previous_response_id of a continuation
 names this server's response instead of the recording server's. Cases recorded without
-the function-only model catalog carry a `namespace` and a `web_search` tool, which
-ignis refuses (400 naming the tool); they are checked for that refusal, then replayed
-with function tools only.
+the function-only model catalog carry a `namespace` tool (accepted: its functions are
+offered as ``multi_agent_v1.NAME``) and a `web_search` tool, which ignis still refuses
+(a hosted tool: ignis runs no tools itself; Codex's `web_search = "disabled"` leaves it
+out). They are checked for that refusal (400 naming the web_search tool), then replayed
+without it, namespace included.
 """
 
 from __future__ import annotations
@@ -28,11 +30,19 @@ DATA = Path(__file__).resolve().parent.parent / "protocol" / "data" / "codex_req
 RECORDED = [json.loads(line) for line in DATA.read_text().splitlines()]
 
 
-def _functions_only(body):
+HOSTED = {"web_search"}  # the recorded tool types ignis refuses
+
+
+def _without_hosted(body):
     tools = body.get("tools")
-    if tools and any(t.get("type") != "function" for t in tools):
-        return dict(body, tools=[t for t in tools if t.get("type") == "function"]), True
+    if tools and any(t.get("type") in HOSTED for t in tools):
+        return dict(body, tools=[t for t in tools if t.get("type") not in HOSTED]), True
     return body, False
+
+
+def _names_hosted_tool(body, param):
+    i = int(param.split("[")[1].split("]")[0])
+    return param == f"tools[{i}].type" and body["tools"][i]["type"] in HOSTED
 
 
 def _http_bodies():
@@ -66,12 +76,12 @@ def _sse(srv, body):
 def test_recorded_http_bodies(scripted_server, entry):
     srv = scripted_server
     body = entry["body"]
-    trimmed, had_other_tools = _functions_only(body)
-    if had_other_tools:
+    trimmed, had_hosted = _without_hosted(body)
+    if had_hosted:
         r = http(srv, "POST", "/v1/responses", json=body)
         assert r.status_code == 400
         err = r.json()["error"]
-        assert err["param"].startswith("tools[") and err["code"] == "unsupported_value"
+        assert _names_hosted_tool(body, err["param"]) and err["code"] == "unsupported_value"
     assert trimmed["stream"] is True and trimmed["store"] is False
     events = _sse(srv, trimmed)
     final = check_grammar(events)
@@ -120,11 +130,11 @@ def test_recorded_socket_frames(scripted_server, case):
         f = Frames(conn)
         latest = None
         for e in frames:
-            frame, had_other_tools = _functions_only(e["frame"])
-            if had_other_tools and e is frames[0]:
+            frame, had_hosted = _without_hosted(e["frame"])
+            if had_hosted and e is frames[0]:
                 conn._connection.send(json.dumps(e["frame"]))
                 err = f.next()
-                assert err["type"] == "error" and err["error"]["param"].startswith("tools[")
+                assert err["type"] == "error" and _names_hosted_tool(e["frame"], err["error"]["param"])
             continued = "previous_response_id" in frame
             if case == "ws_prev_not_found" and e["n"] == 1:
                 # Recorded: the server did not hold that id; Codex then resent everything.

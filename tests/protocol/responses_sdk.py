@@ -89,6 +89,15 @@ def check_grammar(events: list[dict[str, Any]], *, queued: bool = False) -> dict
             assert body[k]["type"] == "response.content_part.done"
             assert body[k]["part"]["text"] == "".join(pieces) and body[k]["part"]["type"] == part_type
             k += 1
+        elif kind == "custom_tool_call":
+            assert item["call_id"] and item["input"] == ""
+            while body[k]["type"] == "response.custom_tool_call_input.delta":
+                assert body[k]["item_id"] == iid and body[k]["output_index"] == idx
+                pieces.append(body[k]["delta"])
+                k += 1
+            assert body[k]["type"] == "response.custom_tool_call_input.done"
+            assert body[k]["input"] == "".join(pieces)
+            k += 1
         else:
             assert kind == "function_call"
             assert item["call_id"].startswith("call_") or item["call_id"]
@@ -109,6 +118,9 @@ def check_grammar(events: list[dict[str, Any]], *, queued: bool = False) -> dict
         elif kind == "reasoning":
             assert done["item"]["content"][0]["text"] == text
             assert re.fullmatch(r"rs_[0-9a-f]{48}", iid)
+        elif kind == "custom_tool_call":
+            assert done["item"]["input"] == text
+            assert re.fullmatch(r"ctc_[0-9a-f]{48}", iid)
         else:
             assert done["item"]["arguments"] == text
             assert re.fullmatch(r"fc_[0-9a-f]{48}", iid)

@@ -15,33 +15,31 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import TypeAdapter
 
-from protocol.chat import (
-    LOGPROB_FLOOR,
-    TOP_LEVEL_KEYS,
+from protocol.chat_request import TOP_LEVEL_KEYS, decode_chat_request, decode_chat_request_bytes
+from protocol.chat_response import ChatStream, build_completion, chat_logprob
+from protocol.checks import decode_json
+from protocol.conversation import (
     ChatMessage,
-    ChatStream,
+    FunctionTool,
+    ToolCall,
+    ToolChoice,
+    to_template_messages,
+    to_template_tools,
+)
+from protocol.deltas import (
     Failure,
     Finish,
-    FunctionTool,
-    StreamStateError,
     ReasoningDelta,
     TextDelta,
-    TokenLogprob,
-    ToolCall,
     ToolCallArguments,
     ToolCallEnd,
     ToolCallStart,
-    ToolChoice,
-    Usage,
-    build_completion,
-    chat_logprob,
-    decode_chat_request,
-    decode_chat_request_bytes,
-    load_json_body,
 )
-from protocol.conversation import to_template_messages, to_template_tools
 from protocol.errors import Refusal
+from protocol.events import LOGPROB_FLOOR, TokenLogprob
+from protocol.response import Usage
 from protocol.sampling import SamplingFields
+from protocol.stream import StreamStateError
 
 COMPLETION = TypeAdapter(ChatCompletion)
 CHUNK = TypeAdapter(ChatCompletionChunk)
@@ -251,7 +249,7 @@ def test_json_bytes():
         assert e.value.code == "invalid_json"
     deep = "[" * 100_000 + "]" * 100_000
     with pytest.raises(Refusal) as e:
-        load_json_body(deep)
+        decode_json(deep)
     assert e.value.code == "invalid_json"
 
 

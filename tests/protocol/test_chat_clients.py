@@ -9,21 +9,12 @@ from typing import Any
 
 import pytest
 
-from protocol.chat import (
-    ChatMessage,
-    ChatStream,
-    Finish,
-    ReasoningDelta,
-    TextDelta,
-    ToolCall,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    Usage,
-    decode_chat_request,
-    decode_chat_request_bytes,
-)
+from protocol.chat_request import decode_chat_request, decode_chat_request_bytes
+from protocol.chat_response import ChatStream
+from protocol.conversation import ChatMessage, ToolCall
+from protocol.deltas import Finish, ReasoningDelta, TextDelta, ToolCallArguments, ToolCallEnd, ToolCallStart
 from protocol.errors import Refusal
+from protocol.response import Usage
 
 USAGE = Usage(input_tokens=12, output_tokens=30, cached_tokens=8, reasoning_tokens=10)
 TOOL_TURN = [

@@ -57,10 +57,10 @@ def test_recorded_codex_requests(entry):
     body = body_of(entry)
     transport = entry["transport"]
     if entry["case"] == "http_output_schema":  # codex exec --output-schema: a strict json_schema format
-        # Still refused for Codex's namespace tool (multi_agent_v1), not for the format any more.
+        # Still refused for Codex's web_search tool (hosted), not for the format or the namespace.
         r = refusal(body, transport=transport)
-        assert r.param.startswith("tools[") and r.param.endswith(".type") and "namespace" in r.message
-        body = {**body, "tools": [t for t in body["tools"] if t.get("type") == "function"]}
+        assert r.param.startswith("tools[") and r.param.endswith(".type") and "web_search" in r.message
+        body = {**body, "tools": [t for t in body["tools"] if t.get("type") != "web_search"]}
         req = decode_request(body, transport=transport)
         assert req.text.format.type == "json_schema" and req.text.format.strict is True
         assert req.text.to_wire()["format"] == body["text"]["format"]  # echoed as sent
@@ -73,14 +73,19 @@ def test_recorded_codex_requests(entry):
         if transport == "socket" and "previous_response_id" in body:
             assert req.previous_response_id == body["previous_response_id"]
         return
-    # Codex's default tools: a `namespace` tool and a `web_search` tool.
+    # Codex's default tools: a `namespace` tool (accepted) and a `web_search` tool (hosted: refused).
     r = refusal(body, transport=transport)
     i = int(r.param.split("[")[1].split("]")[0])
-    assert r.param == f"tools[{i}].type" and body["tools"][i]["type"] in ("namespace", "web_search")
+    assert r.param == f"tools[{i}].type" and body["tools"][i]["type"] == "web_search"
     assert r.code == "unsupported_value"
-    # Without those tools the rest of the request is fine.
-    trimmed = dict(body, tools=[t for t in body["tools"] if t["type"] == "function"])
-    decode_request(trimmed, transport=transport)
+    # Without it (Codex's `web_search = "disabled"`) the request is fine, the namespace's tools
+    # flattened under qualified names and echoed back inside their namespace.
+    trimmed = dict(body, tools=[t for t in body["tools"] if t["type"] != "web_search"])
+    req = decode_request(trimmed, transport=transport)
+    space = next(t for t in trimmed["tools"] if t["type"] == "namespace")
+    assert {f"{space['name']}.{t['name']}" for t in space["tools"]} <= {t.name for t in req.tools}
+    echoed = next(t for t in req.tools_to_wire() if t["type"] == "namespace")
+    assert [t["name"] for t in echoed["tools"]] == [t["name"] for t in space["tools"]]
 
 
 @pytest.mark.parametrize("entry", [e for e in RECORDED if e["transport"] == "socket"], ids=ids)
@@ -229,7 +234,7 @@ BAD = [
     (with_input("x"), "input[0]", "invalid_type"),
     (with_input({"type": "function_call", "name": "f", "arguments": "{}"}), "input[0].call_id", "missing_required_parameter"),
     (with_input({"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}), "input[0].arguments", "invalid_type"),
-    (with_input({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "namespace": "x"}), "input[0].namespace", "unsupported_parameter"),
+    (with_input({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "caller": {"type": "direct"}}), "input[0].caller", "unsupported_parameter"),
     (with_input({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "extra": None}), "input[0].extra", "unknown_parameter"),
     (with_input({"type": "function_call_output", "call_id": "c", "output": "", "caller": {"type": "direct"}}), "input[0].caller", "unsupported_parameter"),
     (with_input({"type": "function_call_output", "call_id": "c"}), "input[0].output", "missing_required_parameter"),
@@ -241,8 +246,9 @@ BAD = [
     (with_input({"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text"}]}), "input[0].content[0].text", "missing_required_parameter"),
     (with_input({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": 1}), "input[0].encrypted_content", "invalid_type"),
     (with_(tools=[{"type": "function", "name": "f"}, {"type": "web_search"}]), "tools[1].type", "unsupported_value"),
-    (with_(tools=[{"type": "custom", "name": "x"}]), "tools[0].type", "unsupported_value"),
-    (with_(tools=[{"type": "namespace", "name": "x"}]), "tools[0].type", "unsupported_value"),
+    (with_(tools=[{"type": "custom", "name": "x", "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]), "tools[0].format.syntax", "invalid_value"),
+    (with_(tools=[{"type": "namespace", "name": "x", "description": "d", "tools": [{"type": "web_search"}]}]), "tools[0].tools[0].type", "invalid_value"),
+    (with_(tools=[{"type": "function", "name": "f"}, {"type": "custom", "name": "f"}]), "tools[1].name", "invalid_value"),
     (with_(tools=[{"type": "tool_search"}]), "tools[0].type", "unsupported_value"),
     (with_(tools=[{"type": "gizmo"}]), "tools[0].type", "invalid_value"),
     (with_(tools=[{"name": "f"}]), "tools[0].type", "missing_required_parameter"),

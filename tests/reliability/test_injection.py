@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 from ignis.server.chat_http import _decode_and_prepare as chat_prepare
-from ignis.server.responses_http import prepare
+from ignis.server.prepare import prepare_response as prepare
 from protocol.decode import decode_json, decode_request
 from reliability_harness import TERMINAL, recv_json, ws_connect
 from server_harness import http

@@ -16,7 +16,7 @@ from server_harness import Frames, client, http, make_config
 
 from ignis.config import SamplingDefaults
 from ignis.model import generation_config
-from ignis.server.sampling import RequestDefaults
+from ignis.server.params import RequestDefaults
 from protocol.sampling import SamplingFields
 
 

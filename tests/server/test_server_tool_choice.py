@@ -16,7 +16,7 @@ from server_harness import Frames, client, http
 
 from ignis.output_parser import ParserConfig
 from ignis.server.render import hermes_tools_block
-from ignis.server.constraints import call_prefix, constrain_output, required_tools
+from ignis.server.tool_forcing import call_prefix, constrain_output, required_tools
 from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice
 from protocol.decode import decode_request
 from protocol.responses_conversation import to_conversation
@@ -264,7 +264,7 @@ def test_scripted_auto_and_none_as_before(scripted_server) -> None:
 
 
 def test_thinking_budget_from_reasoning_effort_and_chat_thinking(srv, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ignis.server.responses_http import prepare
+    from ignis.server.prepare import prepare_response as prepare
 
     ctx = srv.ctx
     end = ctx.loaded.tokenizer.added_tokens["</think>"]

@@ -4,8 +4,9 @@
   ``context_length_exceeded`` naming `param` (``input`` / ``messages``).
 - ``max_output_tokens`` is clipped to what the context has left; a response that then
   hits the end of the context ends ``incomplete`` (``max_output_tokens``), as one that
-  hits its own limit does. No limit given = up to the context length, or to the
-  server's output limit (``server.max_output_tokens``), which also caps larger ones.
+  hits its own limit does. No limit given = up to the context length. The server's
+  output limit (``server.max_output_tokens``) is a default that also caps larger
+  values: `RequestDefaults.fill` applies it, so the response echoes it.
 - Defaults (`RequestDefaults`): a field the request omits takes the served model's
   default: `model.sampling` (the Hydra model group or the command line), then the
   checkpoint's own (generation_config.json, GGUF ``general.sampling.*``), then OpenAI's
@@ -15,7 +16,7 @@
   whether logprobs are reported (Responses: the include, or ``top_logprobs`` itself;
   chat: ``logprobs: true``, which chat's decoder demands with ``top_logprobs``).
 - ``constraint``: the forced start of a required tool call and the thinking budget
-  (`constraints.constrain_output`); ``grammar``: the output grammar of a JSON format or
+  (`tool_forcing.constrain_output`); ``grammar``: the output grammar of a JSON format or
   strict tools (`structured.output_grammar`).
 - ``thinking`` is a template switch (`render`), not sampling.
 """
@@ -106,13 +107,10 @@ def engine_params(
     logprobs: bool = False,
     param: str = "input",
     constraint: OutputConstraint | None = None,
-    max_output_tokens: int | None = None,
     grammar: Grammar | None = None,
 ) -> SamplingParams:
     check_context(prompt_len, max_model_len, param)
-    room = max_model_len - prompt_len
-    if max_output_tokens is not None:  # the server's output limit (server.max_output_tokens)
-        room = min(room, max_output_tokens)
+    room = max_model_len - prompt_len  # the server's own cap is applied once, by RequestDefaults.fill
     wanted = fields.max_output_tokens
     params = SamplingParams(
         max_tokens=min(wanted, room) if wanted is not None else room,

@@ -1,6 +1,6 @@
-"""Per-token logprobs in `ignis.server.generation`: each token carries its own bytes
-(`_token_logprobs`, cached per tokenizer), and `drive` puts each token's logprob on the
-answer text it ends up in, never on reasoning or on a tool call (`_LogprobRouter` over
+"""Per-token logprobs in `ignis.server.turn`: each token carries its own bytes
+(`token_logprobs`, cached per tokenizer), and `drive` puts each token's logprob on the
+answer text it ends up in, never on reasoning or on a tool call (`LogprobRouter` over
 the parser's `text_spans`). Engine outputs are made as the engine makes them: one token
 each, text from the engine's own `TextStream` (held back across a split character or a
 possible stop string)."""
@@ -22,7 +22,8 @@ from ignis.engine import EngineFinish, RequestOutput
 from ignis.engine.outputs import EngineUsage
 from ignis.engine.stop import TextStream
 from ignis.output_parser import OutputParser, ParserConfig
-from ignis.server.generation import _LogprobRouter, _token_logprobs, drive
+from ignis.server.logprobs import LogprobRouter, token_logprobs
+from ignis.server.turn import drive
 from protocol.chat_response import ChatStream
 from protocol.deltas import ReasoningDelta, TextDelta, ToolCallStart
 from protocol.events import TokenLogprob
@@ -119,12 +120,12 @@ def attached(rec: Recorder) -> list[TokenLogprob]:
 # -- bytes -------------------------------------------------------------------------
 
 
-def test_token_logprobs_carry_the_tokens_own_bytes(tok: Any) -> None:
+def testtoken_logprobs_carry_the_tokens_own_bytes(tok: Any) -> None:
     partial = next(i for i in range(tok.vocab_size) if _not_utf8(tok.token_bytes(i)))
     think = tok.added_tokens["<think>"]
     out = RequestOutput("r", [partial, think, 65], logprobs=[-0.5, -1.0, float("nan")],
                         top_logprobs=[[(partial, -0.5), (think, -2.0)], [], [(65, -3.0)]])
-    a, b, c = _token_logprobs(tok, out)
+    a, b, c = token_logprobs(tok, out)
     raw = tok.token_bytes(partial)
     assert a.token == tok.decode([partial]) and "\ufffd" in a.token  # its text alone: a replacement
     assert a.token_bytes == raw and a.output_dict()["bytes"] == list(raw) != list(a.token.encode())
@@ -158,8 +159,8 @@ def test_pieces_are_decoded_once_per_id(tok: Any) -> None:
 
     counting = Counting()
     out = RequestOutput("r", [70, 71], logprobs=[-0.1, -0.2], top_logprobs=[[(70, -0.1), (72, -3.0)], [(71, -0.2), (70, -1.0)]])
-    first = _token_logprobs(counting, out)
-    assert _token_logprobs(counting, out) == first
+    first = token_logprobs(counting, out)
+    assert token_logprobs(counting, out) == first
     assert sorted(counting.decoded) == [[70], [71], [72]]
     # the cache goes with its tokenizer
     import gc
@@ -176,7 +177,7 @@ def test_no_byte_level_vocabulary_falls_back_to_the_text() -> None:
         def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
             return "\u2581h\u00e9"
 
-    [t] = _token_logprobs(Plain(), RequestOutput("r", [5], logprobs=[-0.25]))
+    [t] = token_logprobs(Plain(), RequestOutput("r", [5], logprobs=[-0.25]))
     assert t.token_bytes is None and t.output_dict()["bytes"] == list("\u2581h\u00e9".encode())
 
 
@@ -287,7 +288,7 @@ def _t(text: str, raw: bytes | None = None) -> TokenLogprob:
 
 
 def _route(config: ParserConfig, steps: list[tuple[list[TokenLogprob], str]]) -> list[Any]:
-    parser, router, out = OutputParser(config), _LogprobRouter(), []
+    parser, router, out = OutputParser(config), LogprobRouter(), []
     for tokens, text in steps:
         router.add(tokens, text)
         deltas = parser.feed(text)

@@ -1,0 +1,82 @@
+"""A decoded request -> (Prompt, SamplingParams): the transport-neutral start of a turn.
+
+Both endpoints and both transports come through here: the conversation is rendered
+(`render`), a demanded tool call's opening and a thinking budget become the engine's
+constraint (`tool_forcing`), a JSON format or strict tools become its grammar
+(`structured`), and the sampling fields, already filled with the served defaults
+(`ServerContext.with_defaults`), become `SamplingParams` fitted to the context
+(`params`). Rendering and tokenizing are CPU work: callers run this off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ignis.engine import SamplingParams
+from ignis.server.context import ServerContext
+from ignis.server.params import check_context, engine_params
+from ignis.server.render import Prompt
+from ignis.server.structured import output_grammar
+from ignis.server.tool_forcing import constrain_output, with_grammar
+from protocol.chat_request import ChatRequest
+from protocol.conversation import FunctionTool, ToolChoice
+from protocol.request import ResponsesRequest
+from protocol.responses_conversation import to_conversation
+from protocol.sampling import SamplingFields
+
+__all__ = ["prepare_chat", "prepare_response"]
+
+
+def prepare_response(ctx: ServerContext, request: ResponsesRequest, *,
+                     generation: bool = True) -> tuple[Prompt, SamplingParams | None]:
+    """A Responses request whose input is the whole conversation. With `generation` off
+    (a socket prewarm) the prompt ends without the generation prompt and there are no
+    sampling parameters."""
+    conv = to_conversation(request)
+    prompt = ctx.renderer.render(
+        conv.messages, conv.tools, conv.tool_choice,
+        thinking=request.sampling.thinking, generation=generation, param="input",
+        max_tokens=ctx.max_model_len - (1 if generation else 0), truncate=request.truncation == "auto",
+    )
+    if not generation:
+        check_context(len(prompt.ids), ctx.max_model_len, "input", prewarm=True)
+        return prompt, None
+    where = {t.name: t.where for t in request.tools}
+    return _constrained(
+        ctx, prompt, conv.tools, conv.tool_choice, request.sampling, request.text.format,
+        parallel=request.parallel_tool_calls, logprobs=request.include_logprobs or bool(request.top_logprobs),
+        param="input", format_param="text.format",
+        tool_param=lambda name: f"{where.get(name) or 'tools'}.parameters",
+    )
+
+
+def prepare_chat(ctx: ServerContext, request: ChatRequest) -> tuple[Prompt, SamplingParams]:
+    """A chat-completions request."""
+    prompt = ctx.renderer.render(request.messages, request.tools, request.tool_choice,
+                                 thinking=request.sampling.thinking, param="messages",
+                                 max_tokens=ctx.max_model_len - 1)
+    index = {t.name: i for i, t in enumerate(request.tools)}
+    prompt, params = _constrained(
+        ctx, prompt, request.tools, request.tool_choice, request.sampling, request.response_format,
+        parallel=request.parallel_tool_calls, logprobs=request.logprobs, param="messages",
+        format_param="response_format.json_schema",
+        tool_param=lambda name: f"tools[{index.get(name, 0)}].function.parameters",
+    )
+    return prompt, params
+
+
+def _constrained(ctx: ServerContext, prompt: Prompt, tools: Sequence[FunctionTool], choice: ToolChoice,
+                 sampling: SamplingFields, text_format: Any, *, parallel: bool, logprobs: bool, param: str,
+                 format_param: str, tool_param: Callable[[str], str]) -> tuple[Prompt, SamplingParams]:
+    """The forced call and thinking budget, the output grammar, and the sampling
+    parameters. A stop string that would cut a forced call is a 400 on ``stop``."""
+    tokenizer, vocab = ctx.loaded.tokenizer, ctx.loaded.config.vocab_size
+    prompt, constraint = constrain_output(prompt, choice, tools, tokenizer, vocab,
+                                          think_budget=sampling.thinking_budget, stop=sampling.stop or ())
+    grammar = output_grammar(prompt.parser, text_format, tools, choice, sampling, parallel=parallel,
+                             tokenizer=tokenizer, vocab_size=vocab, format_param=format_param, tool_param=tool_param)
+    params = engine_params(sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
+                           logprobs=logprobs, param=param, constraint=with_grammar(constraint, grammar),
+                           grammar=grammar)
+    return prompt, params
