@@ -21,7 +21,10 @@ Definition (shared with the kernel, which must draw the same token):
 
 Noise: U_i depends only on (seed, step, token id), via a counter-based 32-bit hash
 (`row_keys`, `uniform_bits`) written with int64 ops masked to 32 bits here and uint32
-ops in the kernel: U = ((h >> 8) + 0.5) / 2**24, exactly representable in float32.
+ops in the kernel: U = ((h >> 9) + 0.5) / 2**23, exactly representable in float32, so
+0 < U < 1 always. (With 24 bits, (h >> 8) + 0.5 rounded to 2**24 for the top value:
+U = 1, G = +inf, and a token of probability ~0, a grammar's -1e30 floor, won the race
+once in ~2**24 draws: 0.3% of the steps of a 49k-token vocabulary.)
 A row's draw therefore never depends on the batch around it or its position.
 
 This module may sort (it is the oracle and the CPU path); the kernel does not.
@@ -98,11 +101,11 @@ def uniform_bits_i32(k0: torch.Tensor, k1: torch.Tensor, token: torch.Tensor) ->
 
 
 def gumbel(k0: torch.Tensor, k1: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """Gumbel(0, 1) noise in float32 from 24 of the hash bits."""
+    """Gumbel(0, 1) noise in float32 from 23 of the hash bits (finite: 0 < U < 1 exactly)."""
     if token.device.type == "cpu":
-        u = (((uniform_bits_i32(k0, k1, token) >> 8) & 0xFFFFFF).float() + 0.5) * 2.0**-24
+        u = (((uniform_bits_i32(k0, k1, token) >> 9) & 0x7FFFFF).float() + 0.5) * 2.0**-23
     else:
-        u = ((uniform_bits(k0, k1, token) >> 8).float() + 0.5) * 2.0**-24
+        u = ((uniform_bits(k0, k1, token) >> 9).float() + 0.5) * 2.0**-23
     return -torch.log(-torch.log(u))
 
 

@@ -104,7 +104,7 @@ def _row_keys(seed, step):
 def _gumbel(token, k0, k1):
     v = _mix32((token.to(tl.uint32) * tl.full([], 0x9E3779B1, tl.uint32)) ^ k0)
     v = _mix32(v + k1)
-    u = ((v >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+    u = ((v >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23: 0 < u < 1 exactly
     return -tl.log(-tl.log(u))
 
 

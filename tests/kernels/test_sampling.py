@@ -422,3 +422,16 @@ def test_from_lists():
         SamplingTensors.from_lists([1.0], top_p=[1.5])
     with pytest.raises(ValueError):
         SamplingTensors.from_lists([1.0, 1.0], top_k=[1])
+
+
+def test_a_token_of_no_mass_never_wins_the_race():
+    """One token at 0, the rest at a grammar mask's -1e30 floor: the race must draw the
+    one. With 24 noise bits the top uniform rounded to 1.0 in float32 (Gumbel +inf), so
+    a floor token won ~6 times in these 100M draws; with 23 bits U < 1 exactly."""
+    B, V, steps = 64, 49152, 32
+    x = torch.full((B, V), -1e30)
+    want = torch.randint(0, V, (B,), generator=torch.Generator().manual_seed(0))
+    x[torch.arange(B), want] = 0.0
+    for step in range(steps):
+        params = SamplingTensors.from_lists([1.0] * B, seed=[None] * B, step=[step] * B, device="cpu")
+        assert torch.equal(sample_ref(x, params), want), step
