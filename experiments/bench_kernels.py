@@ -11,7 +11,9 @@ extra_info carries the bytes an op must move and the GB/s the median achieves.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +21,10 @@ import torch.nn.functional as F
 import triton
 
 from kernels import paged_attention, write_kv, write_kv_ref
-from kernels.testing import PagedBatch, make_paged_batch
+
+# The random paged batches of the attention tests.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+from paged_batch import PagedBatch, make_paged_batch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 

@@ -66,7 +66,10 @@ class SamplingDefaults:
 
 
 @dataclass
-class ModelConfig:
+class ModelSettings:
+    """The `model.*` keys: which checkpoint to serve and how to hold it. (The architecture
+    read from the checkpoint is ignis.model.config.ModelConfig.)"""
+
     # The name clients send as `model` and /v1/models lists; null = derived from the
     # file or directory name ("smollm2-135m" for the embedded model).
     name: str | None = None
@@ -170,7 +173,7 @@ class ServerConfig:
 
 @dataclass
 class IgnisConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelSettings = field(default_factory=ModelSettings)
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     log_level: str = "INFO"
@@ -182,7 +185,7 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="ignis_schema", node=IgnisConfig)
     # Group files validate against these with `defaults: [/schema/GROUP@_here_: base]`.
-    cs.store(group="schema/model", name="base", node=ModelConfig)
+    cs.store(group="schema/model", name="base", node=ModelSettings)
     cs.store(group="schema/engine", name="base", node=EngineConfig)
     cs.store(group="schema/server", name="base", node=ServerConfig)
 
@@ -197,7 +200,7 @@ def config_object(dcfg: DictConfig) -> Any:
     logging.basicConfig(level=dcfg.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = OmegaConf.to_object(dcfg)
-        key = cfg.model.missing() if isinstance(getattr(cfg, "model", None), ModelConfig) else None
+        key = cfg.model.missing() if isinstance(getattr(cfg, "model", None), ModelSettings) else None
     except MissingMandatoryValue as exc:
         key = exc.full_key
     if key is not None:

@@ -75,16 +75,9 @@ def paged_attention_triton(
     Rows of q outside query_start_loc[0]:query_start_loc[-1] belong to no sequence and are
     left as they are in `out` (query_start_loc[0] may be > 0).
     """
+    _check_args(q, k_cache, v_cache, sliding_window)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} kv heads")
-    if k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim:
-        raise ValueError(f"caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     if out is None:
         out = torch.empty_like(q)
     num_seqs = seq_lens.shape[0]
@@ -106,24 +99,11 @@ def paged_attention_triton(
     num_tiles = num_seqs if decode else num_tokens // block_q + num_seqs
 
     if num_splits is None:
-        num_splits = 1
-        num_programs = num_tiles * num_kv_heads
-        # Decode batches only (a prefill split would need partials for every token); the
-        # occupancy test is cheap and comes before the sync that max_seq_len may need.
-        if decode and worth_splitting(num_programs, sm_count(q.device)):
-            if max_seq_len is None:
-                max_seq_len = int(seq_lens.max())  # host sync
-            num_splits = choose_num_splits(num_programs, max_seq_len, sm_count(q.device))
+        num_splits = _auto_splits(decode, num_tiles * num_kv_heads, max_seq_len, seq_lens, q.device)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
 
-    if num_splits > 1:
-        part_m = torch.empty(num_tokens, num_q_heads, num_splits, device=q.device, dtype=torch.float32)
-        part_l = torch.empty_like(part_m)
-        part_acc = torch.empty(num_tokens, num_q_heads, num_splits, head_dim_pad, device=q.device, dtype=torch.float32)
-    else:
-        part_m = part_l = part_acc = out  # unused placeholders
-
+    part_m, part_l, part_acc = _partials(out, num_splits, head_dim_pad)
     scale = head_dim**-0.5 if scale is None else scale
     paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out,
@@ -149,16 +129,61 @@ def paged_attention_triton(
         num_stages=cfg.num_stages,
     )
     if num_splits > 1:
-        combine_splits_kernel[(num_tokens, num_q_heads)](
-            part_m, part_l, part_acc, out, query_start_loc,
-            num_seqs, num_q_heads, head_dim,
-            *out.stride(),
-            NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            HEAD_DIM=head_dim_pad,
-            num_warps=4 if head_dim_pad >= 128 else 2,
-        )
+        _combine(part_m, part_l, part_acc, out, query_start_loc, num_seqs, head_dim_pad)
     return out
+
+
+def _combine(
+    part_m: torch.Tensor, part_l: torch.Tensor, part_acc: torch.Tensor, out: torch.Tensor,
+    query_start_loc: torch.Tensor, num_seqs: int, head_dim_pad: int,
+) -> None:
+    """Merge the split-KV partials [tokens, heads, splits, ...] into `out` (a second launch)."""
+    num_tokens, num_q_heads, num_splits = part_m.shape
+    combine_splits_kernel[(num_tokens, num_q_heads)](
+        part_m, part_l, part_acc, out, query_start_loc,
+        num_seqs, num_q_heads, out.shape[2],
+        *out.stride(),
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim_pad,
+        num_warps=4 if head_dim_pad >= 128 else 2,
+    )
+
+
+def _partials(out: torch.Tensor, num_splits: int, head_dim_pad: int) -> tuple[torch.Tensor, ...]:
+    """Split-KV's per-split running max, sum and accumulator (fp32); `out` three times as
+    unused placeholders when there is one split."""
+    if num_splits == 1:
+        return out, out, out
+    num_tokens, num_q_heads = out.shape[0], out.shape[1]
+    part_m = torch.empty(num_tokens, num_q_heads, num_splits, device=out.device, dtype=torch.float32)
+    part_acc = torch.empty(num_tokens, num_q_heads, num_splits, head_dim_pad, device=out.device, dtype=torch.float32)
+    return part_m, torch.empty_like(part_m), part_acc
+
+
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sliding_window: int | None) -> None:
+    num_q_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} kv heads")
+    if k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim:
+        raise ValueError(f"caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} do not fit q {tuple(q.shape)}")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+
+
+def _auto_splits(
+    decode: bool, num_programs: int, max_seq_len: int | None, seq_lens: torch.Tensor, device: torch.device
+) -> int:
+    """The split-KV heuristic: decode batches only (a prefill split would need partials
+    for every token); the occupancy test is cheap and comes before the sync that
+    max_seq_len may need."""
+    if not decode or not worth_splitting(num_programs, sm_count(device)):
+        return 1
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())  # host sync
+    return choose_num_splits(num_programs, max_seq_len, sm_count(device))
 
 
 def paged_attention(

@@ -2,7 +2,7 @@
 
     sample(logits, params, *, return_logprobs=False, inplace_penalties=False, backend=None)
 
-`params` is a `SamplingTensors` (kernels.sampling_params: per-row [B] tensors, build it
+`params` is a `SamplingTensors` (kernels.sampling_tensors: per-row [B] tensors, build it
 with `SamplingTensors.from_lists(...)`). The definition of the draw (penalties,
 thresholds, tie rule, the counter-based noise and the logprob) is in
 kernels.sampling_ref; the Triton kernel draws the same token for the same inputs.
@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import Backend, use_triton
-from kernels.sampling_params import GREEDY_EPS, SamplingTensors
 from kernels.sampling_ref import logprob_distribution, sample_ref
+from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 __all__ = ["GREEDY_EPS", "SamplingTensors", "logprob_distribution", "sample", "sample_ref"]
 

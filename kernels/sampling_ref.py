@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.sampling_params import GREEDY_EPS, SamplingTensors
 from kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
+from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 _M32 = 0xFFFFFFFF
 # Constants of the hash (also in kernels.sampling_triton): lowbias32's multipliers

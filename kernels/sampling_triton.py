@@ -41,8 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sampling_params import GREEDY_EPS, SamplingTensors
 from kernels.sampling_penalties import apply_penalties_
+from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))

@@ -161,7 +161,7 @@ CALL = b'<tool_call>\n{"name": "get_weather", "arguments": '
 
 def check_constrained(loaded, device: str, batch: int = 8, steps: int = 64) -> dict:
     """The paths a plain decode never takes, on this device: half the rows forced to open
-    a tool call (the runner's masking: ids and byte-ordered ranges uploaded, scattered
+    a tool call (the sampler's masking: ids and byte-ordered ranges uploaded, scattered
     into a mask), sampled at temperature 1 with 5 top logprobs, beside free greedy rows.
     ok = every forced row starts with the call, every free row equals its run alone, and
     every alternatives list is sorted and holds the sampled token's logprob when present."""

@@ -22,7 +22,7 @@ import random
 import torch
 
 from experiments.gpu.common import Case, Context, bench, row
-from kernels.sampling_params import SamplingTensors
+from kernels.sampling_tensors import SamplingTensors
 
 ROWS, VOCAB = 256, 151_936
 KINDS = ("topk_topp", "mixed", "greedy", "temperature", "min_p", "penalties")

@@ -3,7 +3,8 @@
     sequence.py       one request's tokens, blocks and progress
     block_manager.py  blocks, reference counts, the prefix cache (hash chain, LRU)
     scheduler.py      waiting queue, running set, token budget, chunked prefill, preemption
-    model_runner.py   the flat batch, the forward, sampling
+    model_runner.py   the flat batch, the forward, the head at the sampling rows
+    sampler.py        logits -> tokens: grammar and forced masks, penalties, kernels.sample, logprobs
     engine.py         LLMEngine: the synchronous core (add_request / abort_request / step)
     async_engine.py   AsyncEngine: the core in its own thread, asyncio streams, capacity
     stop.py           incremental detokenization and stop strings
@@ -14,18 +15,18 @@
 
 from ignis.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from ignis.engine.engine import EngineStats, LLMEngine
-from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
+from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
 from ignis.engine.sampling_params import SamplingParams
 
 __all__ = [
     "AsyncEngine",
     "Completion",
     "EngineDeadError",
+    "EngineFinish",
     "EngineStats",
-    "FinishReason",
+    "EngineUsage",
     "LLMEngine",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
-    "Usage",
 ]

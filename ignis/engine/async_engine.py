@@ -38,7 +38,7 @@ import torch
 from ignis.config import EngineConfig
 from ignis.engine.engine import EngineStats, LLMEngine
 from ignis.engine.openmp import release_thread_pool
-from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
+from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
 from ignis.engine.sampling_params import SamplingParams
 from ignis.model.loader import LoadedModel
 
@@ -374,7 +374,7 @@ class AsyncEngine:
                 if cmd[0] == "add":
                     loops[cmd[1]] = cmd[6]
             message = f"engine died: {self.error!r}" if self.error else "engine shut down"
-            reason = FinishReason.ERROR if self.error else FinishReason.ABORT
+            reason = EngineFinish.ERROR if self.error else EngineFinish.ABORT
             self._send(
                 [_error_output(rid, 0, message, reason) for rid in loops],
                 loops,
@@ -396,13 +396,13 @@ class AsyncEngine:
                 pass
 
 
-def _error_output(rid: str, prompt_tokens: int, message: str, reason: FinishReason = FinishReason.ERROR) -> RequestOutput:
+def _error_output(rid: str, prompt_tokens: int, message: str, reason: EngineFinish = EngineFinish.ERROR) -> RequestOutput:
     return RequestOutput(
         rid,
         finished=True,
         finish_reason=reason,
-        error=message if reason is FinishReason.ERROR else None,
-        usage=Usage(prompt_tokens=prompt_tokens, cached_tokens=0, output_tokens=0),
+        error=message if reason is EngineFinish.ERROR else None,
+        usage=EngineUsage(prompt_tokens=prompt_tokens, cached_tokens=0, output_tokens=0),
     )
 
 

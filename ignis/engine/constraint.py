@@ -28,19 +28,20 @@ preemption and recompute leave it as it is. Allowed sets come from a `TokenIndex
 built once per tokenizer: token bytes -> ids for "the token is a proper prefix of the
 remaining text" (one dict lookup per prefix length) and the token bytes sorted, for
 "the token starts with the remaining text" (a contiguous range, found by bisection;
-the runner keeps the sorted ids on the device and uploads only the range bounds).
+the sampler keeps the sorted ids on the device and uploads only the range bounds).
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ignis.model.tokenizer import Tokenizer
 
 __all__ = ["Allowed", "ConstraintState", "OutputConstraint", "TokenIndex", "token_index"]
 
@@ -88,7 +89,7 @@ class Allowed:
         return len(self.ids) + sum(hi - lo for lo, hi in self.ranges)
 
     def id_set(self, index: TokenIndex) -> set[int]:
-        """Every allowed id (tests and debugging; the runner never builds this)."""
+        """Every allowed id (tests, and grammar rows with a constraint; forced rows use ranges)."""
         out = set(self.ids)
         for lo, hi in self.ranges:
             out.update(index.order[lo:hi].tolist())
@@ -115,7 +116,7 @@ class TokenIndex:
         self.max_len = max(map(len, self.by_bytes), default=0)
         pairs = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
         self.keys = [b for b, _ in pairs]
-        # Ids in byte order: the runner uploads this once and slices it by range.
+        # Ids in byte order: the sampler uploads this once and slices it by range.
         self.order = np.fromiter((i for _, i in pairs), dtype=np.int64, count=len(pairs))
 
     def bytes_of(self, token_id: int) -> bytes:
@@ -136,23 +137,17 @@ class TokenIndex:
         return ids, (lo, hi)
 
 
-_indexes: weakref.WeakKeyDictionary[Any, dict[int, TokenIndex]] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def token_index(tokenizer: Any, vocab_size: int) -> TokenIndex:
+def token_index(tokenizer: Tokenizer, vocab_size: int) -> TokenIndex:
     """The index of `tokenizer`'s first `vocab_size` ids (the logits' width), built on
-    first use and cached per tokenizer. Needs `tokenizer.token_bytes` (byte-level
+    first use and kept on the tokenizer (`Tokenizer.memo`: the server warms it in a
+    worker thread while the engine may ask). Needs `tokenizer.token_bytes` (byte-level
     vocabularies; added tokens count as the bytes of their text)."""
-    with _lock:  # the server warms it in a worker thread while the engine may ask
-        per = _indexes.get(tokenizer)
-        if per is None:
-            per = _indexes[tokenizer] = {}
-        index = per.get(vocab_size)
-        if index is None:
-            n = min(vocab_size, tokenizer.vocab_size)
-            index = per[vocab_size] = TokenIndex([tokenizer.token_bytes(i) for i in range(n)])
-        return index
+
+    def build() -> TokenIndex:
+        n = min(vocab_size, tokenizer.vocab_size)
+        return TokenIndex([tokenizer.token_bytes(i) for i in range(n)])
+
+    return tokenizer.memo(("token_index", vocab_size), build)
 
 
 _THINKING, _FIRST, _FORCING, _DONE = range(4)
@@ -240,7 +235,7 @@ class ConstraintState:
             self._phase, self.satisfied = _DONE, True
             return
         alive = tuple(choice for choice in self.alive if choice.startswith(text))
-        if not alive:  # a token outside the mask (cannot happen through the runner)
+        if not alive:  # a token outside the mask (cannot happen through the sampler)
             self._phase = _DONE
             return
         self.generated, self.alive = text, alive

@@ -28,8 +28,9 @@ from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.constraint import ConstraintState, token_index
 from ignis.engine.grammar import GrammarState, ll_tokenizer
-from ignis.engine.model_runner import ModelRunner, StepResult, TopLogprobs
-from ignis.engine.outputs import Completion, FinishReason, RequestOutput, Usage
+from ignis.engine.model_runner import ModelRunner, StepResult
+from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
+from ignis.engine.sampler import TopLogprobs
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.scheduler import ScheduledBatch, Scheduler
 from ignis.engine.sequence import Sequence
@@ -219,7 +220,7 @@ class LLMEngine:
         # Built once per tokenizer (the server warms it off this thread).
         return ConstraintState(c, token_index(self.tokenizer, self.vocab_size))
 
-    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None) -> bool:
+    def abort_request(self, request_id: str, reason: EngineFinish = EngineFinish.ABORT, error: str | None = None) -> bool:
         """End a request now, running or waiting, and free its blocks. Its final output
         comes with the next step(). False if it is unknown or already finished."""
         seq = self.seqs.get(request_id)
@@ -238,7 +239,7 @@ class LLMEngine:
         if self._num_deadlines:
             now = time.monotonic()
             for seq in [s for s in self.seqs.values() if s.deadline is not None and s.deadline <= now]:
-                outputs.append(self._finish(seq, FinishReason.DEADLINE))
+                outputs.append(self._finish(seq, EngineFinish.DEADLINE))
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return outputs
@@ -285,13 +286,13 @@ class LLMEngine:
         for i, seq in enumerate(batch.seqs):
             seq.num_computed_tokens += batch.num_new_tokens[i]
             if i in errors:
-                outputs.append(self._finish(seq, FinishReason.ERROR, error=errors[i]))
+                outputs.append(self._finish(seq, EngineFinish.ERROR, error=errors[i]))
                 continue
             token = tokens[i]
             if token is None:
                 publish(seq)
                 if seq.prewarm and seq.num_computed_tokens == seq.num_tokens:
-                    outputs.append(self._finish(seq, FinishReason.PREWARM))
+                    outputs.append(self._finish(seq, EngineFinish.PREWARM))
                 continue
             self.num_generated_tokens += 1
             seq.token_ids.append(token)
@@ -307,48 +308,48 @@ class LLMEngine:
                 seq.new_top_logprobs.append((tops[i] if tops is not None else None) or [])
             publish(seq)
             if grammar_error is not None:
-                outputs.append(self._finish(seq, FinishReason.ERROR, error=grammar_error))
+                outputs.append(self._finish(seq, EngineFinish.ERROR, error=grammar_error))
                 continue
             try:
                 reason, stop_reason = self._check_stop(seq, token)
             except Exception as exc:
                 log.exception("request %s failed after sampling", seq.request_id)
-                outputs.append(self._finish(seq, FinishReason.ERROR, error=f"output processing failed: {exc!r}"))
+                outputs.append(self._finish(seq, EngineFinish.ERROR, error=f"output processing failed: {exc!r}"))
                 continue
-            if seq.grammar is not None and reason in (None, FinishReason.LENGTH) and seq.grammar.finished:
+            if seq.grammar is not None and reason in (None, EngineFinish.LENGTH) and seq.grammar.finished:
                 # The grammar is complete and allows nothing more: the output ends here,
                 # as complete (also when this token reached max_tokens).
-                reason, stop_reason = FinishReason.STOP, None
+                reason, stop_reason = EngineFinish.STOP, None
             if reason is not None:
                 outputs.append(self._finish(seq, reason, stop_reason=stop_reason))
             else:
                 outputs.append(self._delta(seq))
 
     @staticmethod
-    def _check_stop(seq: Sequence, token: int) -> tuple[FinishReason | None, str | int | None]:
+    def _check_stop(seq: Sequence, token: int) -> tuple[EngineFinish | None, str | int | None]:
         """Detokenize the new token and decide whether the request ends with it."""
         if token in seq.stop_ids:
-            return FinishReason.STOP, token  # the stop token's text is not part of the answer
+            return EngineFinish.STOP, token  # the stop token's text is not part of the answer
         text = seq.text.add(token)  # type: ignore[union-attr]
         if text:
             seq.new_text.append(text)
         if seq.text.stop_string is not None:  # type: ignore[union-attr]
-            return FinishReason.STOP, seq.text.stop_string  # type: ignore[union-attr]
+            return EngineFinish.STOP, seq.text.stop_string  # type: ignore[union-attr]
         if seq.num_output_tokens >= seq.max_tokens:
-            return FinishReason.LENGTH, None
+            return EngineFinish.LENGTH, None
         return None, None
 
     # -- finishing ------------------------------------------------------------------
 
     def _finish(
-        self, seq: Sequence, reason: FinishReason, *, stop_reason: str | int | None = None, error: str | None = None
+        self, seq: Sequence, reason: EngineFinish, *, stop_reason: str | int | None = None, error: str | None = None
     ) -> RequestOutput:
         self.scheduler.finish(seq)  # frees its blocks (publishing the computed ones)
         seq.grammar = None  # the matcher's memory goes now, not with the last reference
         del self.seqs[seq.request_id]
         if seq.deadline is not None:
             self._num_deadlines -= 1
-        if seq.text is not None and reason is not FinishReason.ERROR:
+        if seq.text is not None and reason is not EngineFinish.ERROR:
             try:
                 tail = seq.text.flush()
             except Exception:
@@ -362,7 +363,7 @@ class LLMEngine:
         out.finish_reason = reason
         out.stop_reason = stop_reason
         out.error = error
-        out.usage = Usage(
+        out.usage = EngineUsage(
             prompt_tokens=seq.num_prompt_tokens,
             cached_tokens=seq.num_cached_tokens or 0,
             output_tokens=seq.num_output_tokens,

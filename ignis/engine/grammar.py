@@ -6,7 +6,7 @@ A `Grammar` is a compiled llguidance grammar (JSON Schema, any JSON object, Lark
 regex; Lark may embed JSON schemas with ``%json {...}``). At submit the engine builds a
 `GrammarState` for the sequence: an `llguidance.LLMatcher` over the tokenizer's
 `LLTokenizer` (built once per tokenizer and logits width, from the `tokenizers`
-pipeline JSON ignis already has). Per step the runner asks each constrained row for
+pipeline JSON ignis already has). Per step the sampler asks each constrained row for
 its next-token bitmask (`fill_masks`) and applies it to the logits before penalties,
 temperature and the filters (kernels.token_mask); the engine `advance`s the matcher
 with each sampled token. Semantics:
@@ -26,13 +26,14 @@ with each sampled token. Semantics:
 from __future__ import annotations
 
 import json
-import threading
-import weakref
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance
 import numpy as np
+
+if TYPE_CHECKING:
+    from ignis.model.tokenizer import Tokenizer
 
 __all__ = ["Grammar", "GrammarError", "GrammarState", "fill_masks", "ll_tokenizer", "mask_words"]
 
@@ -98,28 +99,16 @@ def mask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-_tokenizers: weakref.WeakKeyDictionary[Any, dict[int, llguidance.LLTokenizer]] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def ll_tokenizer(tokenizer: Any, vocab_size: int) -> llguidance.LLTokenizer:
-    """llguidance's view of `tokenizer` (ignis.model.tokenizer.Tokenizer) for logits
-    `vocab_size` wide: built on first use (~0.2-0.4 s for 49k tokens), then cached per
-    tokenizer. It knows the tokenizer's ids only: llguidance gives ids past them (an
-    embedding padded for speed) placeholder bytes and may allow them, so the runner
-    masks every id past the tokenizer's and past the logits. EOS: every id that ends
-    generation for the model."""
-    with _lock:  # the server builds it in a worker thread while the engine may ask
-        per = _tokenizers.get(tokenizer)
-        if per is None:
-            per = _tokenizers[tokenizer] = {}
-        lt = per.get(vocab_size)
-        if lt is None:
-            lt = per[vocab_size] = llguidance.LLTokenizer(
-                tokenizer.pipeline_json(), n_vocab=tokenizer.vocab_size,
-                eos_token=sorted(tokenizer.eos_token_ids) or None,
-            )
-        return lt
+def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
+    """llguidance's view of `tokenizer` for logits `vocab_size` wide: built on first use
+    (~0.2-0.4 s for 49k tokens), then kept on the tokenizer (`Tokenizer.memo`: the server
+    builds it in a worker thread while the engine may ask). It knows the tokenizer's ids
+    only: llguidance gives ids past them (an embedding padded for speed) placeholder
+    bytes and may allow them, so the sampler masks every id past the tokenizer's and
+    past the logits. EOS: every id that ends generation for the model."""
+    return tokenizer.memo(("ll_tokenizer", vocab_size), lambda: llguidance.LLTokenizer(
+        tokenizer.pipeline_json(), n_vocab=tokenizer.vocab_size, eos_token=sorted(tokenizer.eos_token_ids) or None,
+    ))
 
 
 class GrammarState:
@@ -147,10 +136,6 @@ class GrammarState:
     def finished(self) -> bool:
         """The grammar is complete and allows nothing more (not even whitespace)."""
         return self.matcher.is_stopped()
-
-    @property
-    def accepting(self) -> bool:
-        return self.matcher.is_accepting()
 
     def error(self) -> str | None:
         return self.matcher.get_error() or None if self.matcher.is_error() else None

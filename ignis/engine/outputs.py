@@ -1,5 +1,9 @@
 """What the engine hands back: one RequestOutput per request per step (a delta), and the
-Usage that rides on the last one."""
+EngineUsage that rides on the last one.
+
+The names say "engine": the wire's finish reasons and usage are protocol's
+(`protocol.deltas.FinishReason`, `protocol.response.Usage`), which the server derives
+from these."""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
-class FinishReason(str, Enum):
+class EngineFinish(str, Enum):
+    """Why the engine ended a request."""
+
     STOP = "stop"  # an EOS / stop token id, or a stop string
     LENGTH = "length"  # max_tokens, or the context length
     ABORT = "abort"  # abort(id), or the engine shutting down
@@ -17,7 +23,9 @@ class FinishReason(str, Enum):
 
 
 @dataclass(frozen=True)
-class Usage:
+class EngineUsage:
+    """A request's token counts as the engine saw them."""
+
     prompt_tokens: int
     cached_tokens: int  # prompt tokens served from the prefix cache
     output_tokens: int  # every sampled token, rewound ones included
@@ -38,10 +46,10 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finished: bool = False
-    finish_reason: FinishReason | None = None
+    finish_reason: EngineFinish | None = None
     # What stopped it: the stop string, or the stop token id (None otherwise).
     stop_reason: str | int | None = None
-    usage: Usage | None = None  # set on the final output
+    usage: EngineUsage | None = None  # set on the final output
     error: str | None = None  # set when finish_reason is ERROR
     logprobs: list[float] | None = None  # per token_ids entry, when params.logprobs
     # Per token_ids entry, when params.top_logprobs: that step's most likely tokens as
@@ -56,9 +64,9 @@ class Completion:
     request_id: str
     token_ids: list[int]
     text: str
-    finish_reason: FinishReason | None
+    finish_reason: EngineFinish | None
     stop_reason: str | int | None
-    usage: Usage | None
+    usage: EngineUsage | None
     error: str | None = None
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None

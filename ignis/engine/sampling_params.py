@@ -1,8 +1,8 @@
 """What one request asks of the sampler and of the stop logic.
 
-Plain Python values, validated once at submit; the runner turns the rows of a step
+Plain Python values, validated once at submit; the sampler turns the rows of a step
 into kernels.sampling.SamplingTensors. Neutral values (temperature 0 = greedy, top_p 1,
-top_k 0, penalties off) let the runner skip work no row needs.
+top_k 0, penalties off) let the sampler skip work no row needs.
 """
 
 from __future__ import annotations

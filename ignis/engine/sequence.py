@@ -10,11 +10,10 @@ preemption are the same thing to every part of the engine.
 from __future__ import annotations
 
 import enum
-import time
 
 from ignis.engine.constraint import ConstraintState
 from ignis.engine.grammar import GrammarState
-from ignis.engine.outputs import FinishReason
+from ignis.engine.outputs import EngineFinish
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.stop import TextStream
 
@@ -57,14 +56,13 @@ class Sequence:
         # The output grammar's matcher (None: unconstrained, or finished). Like the
         # constraint it depends only on the output tokens, which a preemption keeps.
         self.grammar = grammar
-        self.arrival = time.monotonic()
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hash chain of the full blocks seen so far
         self.num_published_blocks = 0  # leading blocks registered in the prefix cache
         self.num_cached_tokens: int | None = None  # prefix hit at first admission
-        self.finish_reason: FinishReason | None = None
+        self.finish_reason: EngineFinish | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         # Not yet reported to the caller.

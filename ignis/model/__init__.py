@@ -2,17 +2,12 @@
 
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.config import ModelConfig
-
-# `ignis.model.generate` stays the module (generate.generate, generate.chat).
-from ignis.model.generate import ChatAnswer, GenerationOutput
 from ignis.model.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block
 from ignis.model.loader import LoadedModel, build_model, load_model, load_model_from_config
 from ignis.model.transformer import Transformer
 
 __all__ = [
     "AttentionMetadata",
-    "ChatAnswer",
-    "GenerationOutput",
     "LoadedModel",
     "ModelConfig",
     "Transformer",

@@ -28,10 +28,6 @@ class AttentionMetadata:
     # prepares its index once per step rather than once per layer; None = kernels.write_kv.
     write_kv_op: Callable[..., None] | None = None
 
-    @property
-    def num_seqs(self) -> int:
-        return self.seq_lens.shape[0]
-
     @classmethod
     def build(
         cls,
@@ -43,8 +39,8 @@ class AttentionMetadata:
         device: torch.device | str = "cpu",
     ) -> tuple[AttentionMetadata, torch.Tensor]:
         """Metadata plus positions [T] for sequences whose new tokens are their last
-        query_lens[i] positions. A host-side helper for tests and the simple generator;
-        the engine's runner builds the same tensors its own way."""
+        query_lens[i] positions. A host-side helper for tests and experiments; the
+        engine's runner builds the same tensors its own way."""
         positions: list[int] = []
         slots: list[int] = []
         for q_len, s_len, table in zip(query_lens, seq_lens, block_tables, strict=True):

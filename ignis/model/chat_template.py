@@ -157,6 +157,13 @@ def _prepare_messages(messages: list[Any]) -> list[dict[str, Any]]:
 # --- the template -------------------------------------------------------------------------------
 
 
+# The special tokens a template sees, and the GGUF metadata key of each one's id.
+_GGUF_SPECIAL_KEYS = {
+    "bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}
+
+
 class ChatTemplate:
     """A model's chat template (ChatML when the model has none).
 
@@ -213,13 +220,8 @@ class ChatTemplate:
             token_id = value(f"tokenizer.ggml.{key}")
             return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else None
 
-        return cls(
-            templates if "default" in templates else None,
-            bos_token=token_at("bos_token_id"),
-            eos_token=token_at("eos_token_id"),
-            unk_token=token_at("unknown_token_id"),
-            pad_token=token_at("padding_token_id"),
-        )
+        specials = {name: token_at(key) for name, key in _GGUF_SPECIAL_KEYS.items()}
+        return cls(templates if "default" in templates else None, **specials)
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> ChatTemplate:
@@ -243,13 +245,8 @@ class ChatTemplate:
             value = config.get(key)
             return value.get("content") if isinstance(value, dict) else value if isinstance(value, str) else None
 
-        return cls(
-            templates if "default" in templates else None,
-            bos_token=token("bos_token"),
-            eos_token=token("eos_token"),
-            unk_token=token("unk_token"),
-            pad_token=token("pad_token"),
-        )
+        specials = {name: token(name) for name in _GGUF_SPECIAL_KEYS}
+        return cls(templates if "default" in templates else None, **specials)
 
     def render(
         self,
@@ -371,7 +368,19 @@ def encode_chat(
         if token_count is not None:
             token_count.tokenized += len(ids)
         return ids
-    text = render(*neutral)
+    return _encode_around_markup(tokenizer, render(*neutral), originals, token_cache, token_count, max_chars)
+
+
+def _encode_around_markup(
+    tokenizer: Tokenizer,
+    text: str,
+    originals: dict[str, str],
+    token_cache: TokenCache | None,
+    token_count: TokenCount | None,
+    max_chars: int | None,
+) -> list[int]:
+    """The ids of `text`, rendered from neutralized client strings: its added tokens (all
+    the template's own), and the plain text between them with the client's strings put back."""
     spans = (token_cache or tokenizer).added_token_spans(text)
     starts = [0] + [end for _, end, _ in spans]
     stops = [start for start, _, _ in spans] + [len(text)]

@@ -15,6 +15,9 @@ FAMILIES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """A checkpoint's architecture hyper-parameters. (The `model.*` configuration keys
+    are ignis.config.ModelSettings.)"""
+
     family: Family
     vocab_size: int
     hidden_size: int

@@ -7,7 +7,8 @@ import torch
 
 from ignis.model.config import ModelConfig
 
-KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's K and V
+KVCaches = list[KVCache]
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -14,7 +14,9 @@ from torch import nn
 
 import kernels
 from ignis.model.attention_metadata import AttentionMetadata
-from ignis.model.rope import apply_rotary
+from ignis.model.config import ModelConfig
+from ignis.model.kv_cache import KVCache
+from ignis.model.rope import Rope, apply_rotary
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -75,41 +77,25 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
-    """Grouped-query attention over a paged KV cache, for a flat ragged batch [T, ...]."""
+    """Grouped-query attention over a paged KV cache, for a flat ragged batch [T, ...]:
+    layer `layer` of a model of `config` (q/k/v and o biases, Qwen3's q/k norms, the
+    layer's sliding window)."""
 
-    def __init__(
-        self,
-        *,
-        hidden: int,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        qkv_bias: bool,
-        o_bias: bool,
-        qk_norm_eps: float | None,
-        sliding_window: int | None,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
+    def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.scale = head_dim**-0.5
-        self.sliding_window = sliding_window
-        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, qkv_bias, dtype, device)
-        self.o_proj = Linear(self.q_size, hidden, o_bias, dtype, device)
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_size, self.kv_size = c.q_size, c.kv_size
+        self.scale = c.head_dim**-0.5
+        self.sliding_window = c.layer_sliding_window(layer)
+        self.qkv_proj = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias, dtype, device)
+        self.o_proj = Linear(self.q_size, c.hidden_size, c.o_proj_bias, dtype, device)
         self.q_norm = self.k_norm = None
-        if qk_norm_eps is not None:  # Qwen3
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype, device)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype, device)
+        if c.qk_norm:  # Qwen3
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         """x [T, hidden]; rope = (cos, sin) of each token's position, from RotaryEmbedding."""
         T, qk_size = x.shape[0], self.q_size + self.kv_size
         qkv = self.qkv_proj(x)

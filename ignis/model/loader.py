@@ -117,11 +117,6 @@ def load_model(
     weight_form: "float32" (dequantize, as the reference), "bfloat16" or "quantized" (GGUF
     on the CPU: compact packed GEMMs, see ignis/model/packed.py) or "auto" (chosen from the
     file, the device and max_num_seqs, the engine batch it will serve)."""
-    # Imported here so the forward can be used (and tested) without the text side.
-    from ignis.model.chat_template import ChatTemplate
-    from ignis.model.packed import resolve_weight_form
-    from ignis.model.tokenizer import Tokenizer
-
     if kind == "scripted":
         return _load_scripted(script, resolve_device(device), name)
     if path is None:
@@ -135,60 +130,17 @@ def load_model(
     dt = resolve_dtype(dtype, dev)
     start = time.perf_counter()
     log.info("loading %s model from %s (%s on %s)", kind, p, dt, dev)
-
-    tokenizer: Any
-    template: Any
     if kind == "gguf":
-        import gguf
-
-        from ignis.model.generation_config import from_gguf
-        from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
-        from ignis.model.packed import load_packed_gguf
-
-        reader = gguf.GGUFReader(p)
-        config = config_from_gguf(reader)
-        defaults = from_gguf(reader)
         # An explicit dtype asks for dense weights of that dtype: "auto" then dequantizes.
-        explicit = weight_form == "auto" and dtype != "auto"
-        form = "float32" if explicit else resolve_weight_form(weight_form, kind="gguf", device=dev, max_num_seqs=max_num_seqs)
-        if form == "float32":
-            weights = _progress(iter_gguf_weights(reader, config), len(reader.tensors), progress, "dequantizing")
-            model = build_model(config, weights, dtype=dt, device=dev)
-        else:
-            def bar(items: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-                return _progress(items, len(reader.tensors), progress, f"packing ({form})")
-
-            model = load_packed_gguf(reader, config, form, bar)
-        tokenizer = Tokenizer.from_gguf(reader)
-        template = ChatTemplate.from_gguf(reader)
-        del reader  # drops the memmap; every weight was copied out
+        form = "float32" if weight_form == "auto" and dtype != "auto" else weight_form
+        parts = _load_gguf(p, dt, dev, form, max_num_seqs, progress)
     elif kind == "hf":
-        from ignis.model.hf_loader import (
-            hf_tensor_names,
-            iter_hf_weights,
-            read_hf_config,
-        )
-
-        from ignis.model.generation_config import from_hf_dir
-
-        if resolve_weight_form(weight_form, kind="hf", device=dev, max_num_seqs=max_num_seqs) != "float32":
-            raise ValueError("packed weight forms are built from GGUF files; use model.dtype for HF checkpoints")
-        config = read_hf_config(p)
-        defaults = from_hf_dir(p)
-        weights = _progress(iter_hf_weights(p), len(hf_tensor_names(p)), progress, "loading weights")
-        model = build_model(config, weights, dtype=dt, device=dev)
-        tokenizer = Tokenizer.from_hf_dir(p)
-        template = ChatTemplate.from_hf_dir(p)
+        parts = _load_hf(p, dt, dev, weight_form, max_num_seqs, progress)
     else:
         raise ValueError(f"kind must be 'gguf' or 'hf', got {kind!r}")
-
     name = name or (p.stem if kind == "gguf" else p.name)
     _release_freed_heap()
-    # The checkpoint's stop ids first, then any the tokenizer adds (e.g. <|im_end|>, <|endoftext|>).
-    eos = list(config.eos_token_ids)
-    for token_id in sorted(getattr(tokenizer, "eos_token_ids", None) or ()):
-        if token_id not in eos:
-            eos.append(int(token_id))
+    model, config = parts.model, parts.config
     params = sum(t.numel() for t in model.parameters())
     log.info(
         "loaded %s: %s, %d layers, %.1fM parameters (%s weights), in %.1f s",
@@ -197,14 +149,77 @@ def load_model(
     return LoadedModel(
         model=model,
         config=config,
-        tokenizer=tokenizer,
-        chat_template=template,
-        eos_token_ids=tuple(eos),
+        tokenizer=parts.tokenizer,
+        chat_template=parts.template,
+        eos_token_ids=_eos_ids(config, parts.tokenizer),
         name=name,
         path=str(p),
         kind=kind,
-        generation_defaults=defaults,
+        generation_defaults=parts.defaults,
     )
+
+
+@dataclass
+class _Checkpoint:
+    """What a loader reads from one checkpoint."""
+
+    model: Transformer
+    config: ModelConfig
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    defaults: dict[str, float | int]
+
+
+def _load_gguf(
+    path: Path, dtype: torch.dtype, device: torch.device, weight_form: str, max_num_seqs: int | None, progress: bool
+) -> _Checkpoint:
+    import gguf
+
+    from ignis.model.chat_template import ChatTemplate
+    from ignis.model.generation_config import from_gguf
+    from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
+    from ignis.model.packed import load_packed_gguf, resolve_weight_form
+    from ignis.model.tokenizer import Tokenizer
+
+    reader = gguf.GGUFReader(path)
+    config = config_from_gguf(reader)
+    form = resolve_weight_form(weight_form, kind="gguf", device=device, max_num_seqs=max_num_seqs)
+
+    def bar(items: Iterator[tuple[str, Any]], desc: str) -> Iterator[tuple[str, Any]]:
+        return _progress(items, len(reader.tensors), progress, desc)
+
+    if form == "float32":
+        model = build_model(config, bar(iter_gguf_weights(reader, config), "dequantizing"), dtype=dtype, device=device)
+    else:
+        model = load_packed_gguf(reader, config, form, lambda items: bar(items, f"packing ({form})"))
+    # Everything is copied out of the file's memmap, which goes with the reader.
+    return _Checkpoint(model, config, Tokenizer.from_gguf(reader), ChatTemplate.from_gguf(reader), from_gguf(reader))
+
+
+def _load_hf(
+    path: Path, dtype: torch.dtype, device: torch.device, weight_form: str, max_num_seqs: int | None, progress: bool
+) -> _Checkpoint:
+    from ignis.model.chat_template import ChatTemplate
+    from ignis.model.generation_config import from_hf_dir
+    from ignis.model.hf_loader import hf_tensor_names, iter_hf_weights, read_hf_config
+    from ignis.model.packed import resolve_weight_form
+    from ignis.model.tokenizer import Tokenizer
+
+    if resolve_weight_form(weight_form, kind="hf", device=device, max_num_seqs=max_num_seqs) != "float32":
+        raise ValueError("packed weight forms are built from GGUF files; use model.dtype for HF checkpoints")
+    config = read_hf_config(path)
+    weights = _progress(iter_hf_weights(path), len(hf_tensor_names(path)), progress, "loading weights")
+    model = build_model(config, weights, dtype=dtype, device=device)
+    return _Checkpoint(model, config, Tokenizer.from_hf_dir(path), ChatTemplate.from_hf_dir(path), from_hf_dir(path))
+
+
+def _eos_ids(config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The checkpoint's stop ids first, then any the tokenizer adds (e.g. <|im_end|>, <|endoftext|>)."""
+    eos = list(config.eos_token_ids)
+    for token_id in sorted(getattr(tokenizer, "eos_token_ids", None) or ()):
+        if token_id not in eos:
+            eos.append(int(token_id))
+    return tuple(eos)
 
 
 def _release_freed_heap() -> None:
@@ -237,7 +252,7 @@ def _load_scripted(script: str | None, device: torch.device, name: str | None) -
 
 
 def load_model_from_config(cfg: Any, max_num_seqs: int | None = None) -> LoadedModel:
-    """`load_model` with the keys of the `model` config group (ignis.config.ModelConfig);
+    """`load_model` with the keys of the `model` config group (ignis.config.ModelSettings);
     max_num_seqs (the engine's) lets weight_form "auto" pick for the batch it will serve."""
     fmt = getattr(cfg.format, "value", cfg.format)
     return load_model(

@@ -280,6 +280,64 @@ def _meta_param(p: torch.nn.Parameter) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
 
 
+class _FusedWeights:
+    """A model's fused GEMMs (q|k|v, o, gate|up, down per layer), each built as a packed op
+    of `form` as soon as its parts (and biases) have come out of the file."""
+
+    def __init__(self, model: Transformer, form: str, dtype: torch.dtype) -> None:
+        self.form, self.dtype = form, dtype
+        # Fused GEMMs and the parts that fill them, in order.
+        self.targets: dict[str, tuple[Linear, list[str]]] = {}
+        t = self.targets
+        for i, layer in enumerate(model.layers):
+            a, m = f"layers.{i}.self_attn", f"layers.{i}.mlp"
+            t[f"{a}.qkv_proj"] = (layer.self_attn.qkv_proj, [f"{a}.{p}" for p in ("q_proj", "k_proj", "v_proj")])
+            t[f"{a}.o_proj"] = (layer.self_attn.o_proj, [f"{a}.o_proj"])
+            t[f"{m}.gate_up_proj"] = (layer.mlp.gate_up_proj, [f"{m}.{p}" for p in ("gate_proj", "up_proj")])
+            t[f"{m}.down_proj"] = (layer.mlp.down_proj, [f"{m}.down_proj"])
+        self.part_of = {part: key for key, (_, parts) in self.targets.items() for part in parts}
+        self.pending: dict[str, dict[str, _Raw]] = {}
+        self.biases: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}  # ops built per form
+        for lin, _ in self.targets.values():
+            lin.weight = _meta_param(lin.weight)
+
+    def take(self, name: str, raw: _Raw) -> bool:
+        """Keep `name` when it is part of a fused GEMM (False: it is not)."""
+        base, _, kind = name.rpartition(".")
+        key = self.part_of.get(base)
+        if key is None:
+            return False
+        if kind == "bias":
+            self.biases[name] = torch.from_numpy(raw.dense())
+            return True
+        self.pending.setdefault(key, {})[base] = raw
+        lin, parts = self.targets[key]
+        if all(p in self.pending[key] for p in parts) and (
+            lin.bias is None or all(f"{p}.bias" in self.biases for p in parts)
+        ):
+            self._build(key)
+        return True
+
+    def finish(self) -> list[str]:
+        """Build what waited for biases that came after their weights; the GEMMs missing."""
+        for key in list(self.pending):
+            if all(p in self.pending[key] for p in self.targets[key][1]):
+                self._build(key)
+        return [k for k, (lin, _) in self.targets.items() if lin.linear_op is None]
+
+    def _build(self, key: str) -> None:
+        lin, parts = self.targets[key]
+        bias = None
+        if lin.bias is not None:
+            bias = torch.cat([self.biases.pop(f"{p}.bias") for p in parts]).to(self.dtype)
+            lin.bias = None  # the op adds it
+        done = self.pending.pop(key)
+        op = _build_linear([done[p] for p in parts], bias, self.form)
+        lin.linear_op = op
+        self.counts[op.form] = self.counts.get(op.form, 0) + 1
+
+
 def load_packed_gguf(
     reader: gguf.GGUFReader, config: ModelConfig, form: str, progress: Callable[[Iterator], Iterator] | None = None
 ) -> Transformer:
@@ -289,25 +347,11 @@ def load_packed_gguf(
         raise ValueError(f"load_packed_gguf builds bfloat16 or quantized weights, not {form!r}")
     dtype = torch.float32
     model = Transformer(config, dtype=dtype, device="cpu")
-    # Fused GEMMs and the parts that fill them, in order.
-    c = config
-    fused: dict[str, tuple[Linear, list[str]]] = {}
-    for i, layer in enumerate(model.layers):
-        a, m = f"layers.{i}.self_attn", f"layers.{i}.mlp"
-        fused[f"{a}.qkv_proj"] = (layer.self_attn.qkv_proj, [f"{a}.{p}" for p in ("q_proj", "k_proj", "v_proj")])
-        fused[f"{a}.o_proj"] = (layer.self_attn.o_proj, [f"{a}.o_proj"])
-        fused[f"{m}.gate_up_proj"] = (layer.mlp.gate_up_proj, [f"{m}.{p}" for p in ("gate_proj", "up_proj")])
-        fused[f"{m}.down_proj"] = (layer.mlp.down_proj, [f"{m}.down_proj"])
-    part_of = {part: key for key, (_, parts) in fused.items() for part in parts}
-    pending: dict[str, dict[str, _Raw]] = {}
-    biases: dict[str, torch.Tensor] = {}
     small = {n: p for n, p in model.named_parameters() if ".qkv_proj." not in n and ".gate_up_proj." not in n
              and ".o_proj." not in n and ".down_proj." not in n and n not in ("embed_tokens", "lm_head")}
-    for key, (lin, _) in fused.items():
-        lin.weight = _meta_param(lin.weight)
+    fused = _FusedWeights(model, form, dtype)
     embed: _Raw | None = None
     head: _Raw | None = None
-    counts: dict[str, int] = {}
     items: Iterator = _iter_raw(reader, config)
     if progress is not None:
         items = progress(items)
@@ -317,63 +361,35 @@ def load_packed_gguf(
             seen.add(name)
             if name == "embed_tokens.weight":
                 embed = raw
-                continue
-            if name == "lm_head.weight":
-                if not c.tie_word_embeddings:
-                    head = raw
-                continue
-            base, _, kind = name.rpartition(".")
-            if kind == "bias" and base in part_of:
-                biases[name] = torch.from_numpy(raw.dense())
-                continue
-            if base in part_of:
-                key = part_of[base]
-                pending.setdefault(key, {})[base] = raw
-                lin, parts = fused[key]
-                if all(p in pending[key] for p in parts) and all(
-                    f"{p}.bias" in biases for p in parts if lin.bias is not None
-                ):
-                    bias = None
-                    if lin.bias is not None:
-                        bias = torch.cat([biases.pop(f"{p}.bias") for p in parts]).to(dtype)
-                        lin.bias = None  # the op adds it
-                    done = pending.pop(key)
-                    op = _build_linear([done[p] for p in parts], bias, form)
-                    lin.linear_op = op
-                    counts[op.form] = counts.get(op.form, 0) + 1
-                continue
-            target = small.get(name)
-            if target is None:
-                raise KeyError(f"unexpected weight {name!r} for a {c.family} model")
-            target.copy_(torch.from_numpy(raw.dense()).reshape(target.shape))
-    # Biases may come after their weights in the file: build what waited for them.
-    for key in list(pending):
-        lin, parts = fused[key]
-        if all(p in pending[key] for p in parts):
-            bias = torch.cat([biases.pop(f"{p}.bias") for p in parts]).to(dtype) if lin.bias is not None else None
-            lin.bias = None
-            done = pending.pop(key)
-            op = _build_linear([done[p] for p in parts], bias, form)
-            lin.linear_op = op
-            counts[op.form] = counts.get(op.form, 0) + 1
-    missing = [k for k, (lin, _) in fused.items() if lin.linear_op is None]
-    missing += sorted(set(small) - seen)
-    if embed is None or missing or pending:
+            elif name == "lm_head.weight":
+                head = None if config.tie_word_embeddings else raw
+            elif not fused.take(name, raw):
+                target = small.get(name)
+                if target is None:
+                    raise KeyError(f"unexpected weight {name!r} for a {config.family} model")
+                target.copy_(torch.from_numpy(raw.dense()).reshape(target.shape))
+    missing = fused.finish() + sorted(set(small) - seen)
+    if embed is None or missing:
         raise KeyError(f"weights missing from the checkpoint, e.g. {(missing or ['embed_tokens.weight'])[:6]}")
-    model.embed_op = _table(embed, dtype)
-    # The head: bf16 oneDNN at every form (see the module docstring), its top candidates
-    # refined in fp32 from the exact rows: the embedding table when tied, else a table of
-    # the head's own (the file's form again: Q8_0 stays 1 byte per weight).
-    head_w = torch.from_numpy((head or embed).dense())
-    model.head_op = RefinedHead(Bf16Linear(head_w, None), model.embed_op if head is None else _table(head, dtype))
-    del head_w
-    model.embed_tokens = _meta_param(model.embed_tokens)
-    model.lm_head = model.embed_tokens if c.tie_word_embeddings else _meta_param(model.lm_head)
+    _set_tables(model, embed, head, dtype)
     model.weight_form = form
     total = sum(m.linear_op.nbytes for m in model.modules() if isinstance(m, Linear))
     log.info(
         "weights packed as %s: %s; projections %.1f MB, head %.1f MB, embedding %.1f MB",
-        form, ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
+        form, ", ".join(f"{n} {k}" for k, n in sorted(fused.counts.items())),
         total / 1e6, model.head_op.nbytes / 1e6, model.embed_op.nbytes / 1e6,
     )
     return model.eval()
+
+
+def _set_tables(model: Transformer, embed: _Raw, head: _Raw | None, dtype: torch.dtype) -> None:
+    """The embedding lookup in the file's form, and the head: bf16 oneDNN at every form
+    (see the module docstring), its top candidates refined in fp32 from the exact rows:
+    the embedding table when tied, else a table of the head's own (the file's form
+    again: Q8_0 stays 1 byte per weight)."""
+    model.embed_op = _table(embed, dtype)
+    head_w = torch.from_numpy((head or embed).dense())
+    model.head_op = RefinedHead(Bf16Linear(head_w, None), model.embed_op if head is None else _table(head, dtype))
+    del head_w
+    model.embed_tokens = _meta_param(model.embed_tokens)
+    model.lm_head = model.embed_tokens if model.config.tie_word_embeddings else _meta_param(model.lm_head)

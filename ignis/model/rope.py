@@ -98,6 +98,9 @@ def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
     raise NotImplementedError(f"rope_scaling type {kind!r} is not supported")
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of each token's position
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin for every position up to max_position_embeddings, indexed by position."""
 
@@ -110,7 +113,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", (freqs.cos() * scaling).to(dtype).to(device), persistent=False)
         self.register_buffer("sin", (freqs.sin() * scaling).to(dtype).to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor) -> Rope:
         """(cos, sin) [T, 1, head_dim // 2] for positions [T]; looked up once per forward."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 

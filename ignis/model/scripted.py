@@ -50,6 +50,7 @@ from torch import nn
 import kernels
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.config import ModelConfig
+from ignis.model.kv_cache import KVCaches
 
 # Codex's first request alone is ~10k tokens; the KV cache of this model costs 16 bytes
 # a token, so a long context is free.
@@ -129,9 +130,6 @@ class Script:
     def rule_for(self, role: str, text: str) -> Rule:
         return next((r for r in self.rules if r.matches(role, text)), Rule(self.default))
 
-    def reply_for(self, role: str, text: str) -> str:
-        return self.rule_for(role, text).reply
-
 
 class ScriptedModel(nn.Module):
     """Same interface as `Transformer`: forward -> "hidden" [T, 1] holding, at each
@@ -193,11 +191,7 @@ class ScriptedModel(nn.Module):
         return reply[generated] if generated < len(reply) else self.eos_token_id
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: KVCaches, meta: AttentionMetadata
     ) -> torch.Tensor:
         k_cache, v_cache = kv_caches[0]
         rows = torch.stack((input_ids.to(torch.float32), torch.ones_like(input_ids, dtype=torch.float32)), dim=-1)

@@ -13,13 +13,17 @@ from __future__ import annotations
 import codecs
 import json
 import logging
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tokenizers
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_MISSING = object()
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
 _CONTROL = 3
@@ -173,6 +177,61 @@ def _ids_from(value: Any) -> list[int]:
     return []
 
 
+def _gguf_vocab(tokens: list[str], types: list[int]) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """A GGUF vocabulary as the BPE model's (spelling -> id) and its added tokens."""
+    spelling = byte_to_unicode()
+    alphabet = set(spelling.values())
+    vocab: dict[str, int] = {}
+    added: list[dict[str, Any]] = []
+    for token_id, (token, token_type) in enumerate(zip(tokens, types)):
+        if token_type in (_CONTROL, _USER_DEFINED):
+            # Kept as written, so the added token and the vocabulary entry share this id.
+            key = token
+            added.append(_added_token(token_id, token, special=token_type == _CONTROL))
+        elif set(token) <= alphabet:
+            key = token
+        else:
+            # llama.cpp writes some tokens as raw text; the BPE model needs the byte spelling.
+            key = "".join(spelling[b] for b in token.encode("utf-8"))
+        if key in vocab:
+            log.warning("GGUF vocabulary repeats %r (ids %d and %d); keeping the first", key, vocab[key], token_id)
+            continue
+        vocab[key] = token_id
+    return vocab, added
+
+
+def _gguf_pipeline_spec(tokens: list[str], types: list[int], merges: list[str], pre: str) -> dict[str, Any]:
+    """The `tokenizers` pipeline (JSON) of a GGUF byte-level BPE whose pre-tokenizer
+    `tokenizer.ggml.pre` names."""
+    pre_tokenizer = _GGUF_PRE_TOKENIZERS.get(pre)
+    if pre_tokenizer is None:
+        log.warning("unknown GGUF pre-tokenizer %r: splitting text as GPT-2 does", pre)
+        pre_tokenizer = _GPT2
+    vocab, added = _gguf_vocab(tokens, types)
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "NFC"} if pre in _NFC_PRE else None,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": pre in _TIKTOKEN_STYLE,
+            "vocab": vocab,
+            "merges": [m.split(" ", 1) for m in merges],
+        },
+    }
+
+
 class Tokenizer:
     """Encode and decode text for one model.
 
@@ -214,6 +273,11 @@ class Tokenizer:
         self.cuts_at_word_spaces = _cuts_at_word_spaces(spec)
         self._token_bytes: list[bytes] | None = None
         self._max_token_bytes: int | None = None
+        self._pieces: dict[int, tuple[str, bytes | None]] = {}
+        self._single_ids: dict[str, int | None] = {}
+        self._memo: dict[Any, Any] = {}
+        self._memo_locks: dict[Any, threading.Lock] = {}
+        self._memo_lock = threading.Lock()
 
         added = self._full.get_added_tokens_decoder()
         self.added_tokens: dict[str, int] = {t.content: i for i, t in added.items()}
@@ -250,54 +314,7 @@ class Tokenizer:
         types: list[int] = _gguf_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
         merges: list[str] = _gguf_value(reader, "tokenizer.ggml.merges") or []
         pre = _gguf_value(reader, "tokenizer.ggml.pre", "default")
-
-        pre_tokenizer = _GGUF_PRE_TOKENIZERS.get(pre)
-        if pre_tokenizer is None:
-            log.warning("unknown GGUF pre-tokenizer %r: splitting text as GPT-2 does", pre)
-            pre_tokenizer = _GPT2
-
-        spelling = byte_to_unicode()
-        alphabet = set(spelling.values())
-        vocab: dict[str, int] = {}
-        added: list[dict[str, Any]] = []
-        for token_id, (token, token_type) in enumerate(zip(tokens, types)):
-            if token_type in (_CONTROL, _USER_DEFINED):
-                # Kept as written, so the added token and the vocabulary entry share this id.
-                key = token
-                added.append(_added_token(token_id, token, special=token_type == _CONTROL))
-            elif set(token) <= alphabet:
-                key = token
-            else:
-                # llama.cpp writes some tokens as raw text; the BPE model needs the byte spelling.
-                key = "".join(spelling[b] for b in token.encode("utf-8"))
-            if key in vocab:
-                log.warning("GGUF vocabulary repeats %r (ids %d and %d); keeping the first", key, vocab[key], token_id)
-                continue
-            vocab[key] = token_id
-
-        spec = {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": added,
-            "normalizer": {"type": "NFC"} if pre in _NFC_PRE else None,
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": None,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-            "model": {
-                "type": "BPE",
-                "dropout": None,
-                "unk_token": None,
-                "continuing_subword_prefix": None,
-                "end_of_word_suffix": None,
-                "fuse_unk": False,
-                "byte_fallback": False,
-                "ignore_merges": pre in _TIKTOKEN_STYLE,
-                "vocab": vocab,
-                "merges": [m.split(" ", 1) for m in merges],
-            },
-        }
-        pipeline = tokenizers.Tokenizer.from_str(json.dumps(spec))
+        pipeline = tokenizers.Tokenizer.from_str(json.dumps(_gguf_pipeline_spec(tokens, types, merges, pre)))
 
         def token_at(key: str) -> str | None:
             token_id = _gguf_value(reader, f"tokenizer.ggml.{key}")
@@ -443,6 +460,40 @@ class Tokenizer:
         normalizer = self._full.normalizer
         return len(text) if normalizer is None else len(normalizer.normalize_str(text))
 
+    # --- per-tokenizer caches ----------------------------------------------------------------
+
+    def piece(self, token_id: int) -> tuple[str, bytes | None]:
+        """(the id decoded alone, specials included; its bytes on a byte-level vocabulary,
+        else None), cached: a logprobs step names 1 + N ids, each decoded once per model."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            raw = self.token_bytes(token_id) if self._byte_level else None
+            piece = self._pieces[token_id] = (self._full.decode([token_id], skip_special_tokens=False), raw)
+        return piece
+
+    def single_token_id(self, text: str) -> int | None:
+        """The id `text` encodes to (added tokens matched) when that is one token, else None;
+        cached per text (a chat format's tags, asked for on every request)."""
+        if text not in self._single_ids:
+            ids = self.encode(text, special=True, add_bos=False)
+            self._single_ids[text] = ids[0] if len(ids) == 1 else None
+        return self._single_ids[text]
+
+    def memo(self, key: Any, build: Callable[[], T]) -> T:
+        """`build()` once per key for the life of this tokenizer: tables other packages
+        derive from it (the engine's token index, llguidance's tokenizer). Thread-safe (a
+        server warms them in worker threads while the engine may ask); one key's build
+        never waits on another's."""
+        value = self._memo.get(key, _MISSING)
+        if value is _MISSING:
+            with self._memo_lock:
+                lock = self._memo_locks.setdefault(key, threading.Lock())
+            with lock:
+                value = self._memo.get(key, _MISSING)
+                if value is _MISSING:
+                    value = self._memo[key] = build()
+        return value  # type: ignore[return-value]
+
     def _byte_table(self) -> list[bytes]:
         unspell = {c: b for b, c in byte_to_unicode().items()}
         added = self._full.get_added_tokens_decoder()
@@ -489,9 +540,6 @@ class IncrementalDecoder:
             return self._utf8.decode(self._tokenizer.token_bytes(token_id))
         self._ids.append(token_id)
         return self._advance(final=False)
-
-    def add_many(self, token_ids: Iterable[int]) -> str:
-        return "".join(self.add(i) for i in token_ids)
 
     def flush(self) -> str:
         """Text still held back (an incomplete character at the end becomes U+FFFD)."""

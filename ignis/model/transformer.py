@@ -22,8 +22,9 @@ from torch import nn
 
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.config import ModelConfig
+from ignis.model.kv_cache import KVCache, KVCaches
 from ignis.model.layers import MLP, Attention, RMSNorm, empty_param
-from ignis.model.rope import RotaryEmbedding
+from ignis.model.rope import Rope, RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):
@@ -31,28 +32,11 @@ class DecoderLayer(nn.Module):
         super().__init__()
         c = config
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(
-            hidden=c.hidden_size,
-            num_heads=c.num_heads,
-            num_kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim,
-            qkv_bias=c.attention_bias,
-            o_bias=c.o_proj_bias,
-            qk_norm_eps=c.rms_norm_eps if c.qk_norm else None,
-            sliding_window=c.layer_sliding_window(layer),
-            dtype=dtype,
-            device=device,
-        )
+        self.self_attn = Attention(c, layer, dtype, device)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype, device)
         self.mlp = MLP(c.hidden_size, c.intermediate_size, c.mlp_bias, dtype, device)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -87,11 +71,7 @@ class Transformer(nn.Module):
         return self.norm.weight.device  # the embedding may be shape-only (packed forms)
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: KVCaches, meta: AttentionMetadata
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens) if self.embed_op is None else self.embed_op(input_ids)
         rope = self.rotary(positions)  # one table lookup shared by every layer

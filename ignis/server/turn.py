@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ignis.engine import FinishReason, RequestOutput, RequestStream
+from ignis.engine import EngineFinish, RequestOutput, RequestStream
 from ignis.model.tokenizer import Tokenizer
 from ignis.output_parser import OutputParser
 from ignis.server.logprobs import LogprobRouter, token_logprobs
@@ -78,7 +78,7 @@ def timeout_message(key: str, limit: float | None) -> str:
 @dataclass
 class Outcome:
     status: str  # completed | incomplete | cancelled | failed | timeout | client_closed
-    finish: FinishReason | None
+    finish: EngineFinish | None
     usage: Usage
     error: str | None = None
     ttft: float | None = None  # seconds from `started` to the first output token
@@ -114,7 +114,7 @@ def _parse(out: RequestOutput, parser: OutputParser, router: LogprobRouter | Non
         if deltas:
             deltas = router.attach(deltas, parser.text_spans)
         router.settle(parser.settled)
-    if out.finished and out.finish_reason is not FinishReason.ERROR:
+    if out.finished and out.finish_reason is not EngineFinish.ERROR:
         tail = parser.finish()
         deltas += router.attach(tail, parser.text_spans) if router is not None else tail
     return deltas
@@ -126,24 +126,24 @@ def _through_first_call(deltas: list[Delta]) -> tuple[list[Delta], bool]:
     return (deltas, False) if end is None else (deltas[: end + 1], True)
 
 
-def _end(final: RequestOutput | None, reason: FinishReason, parser: OutputParser, encoder: Encoder, usage: Usage,
+def _end(final: RequestOutput | None, reason: EngineFinish, parser: OutputParser, encoder: Encoder, usage: Usage,
          ending: TurnEnding) -> tuple[str, str | None, list[Event]]:
     """(status, error, terminal events) for the engine's finish reason (the table above)."""
     required = parser.config.required_tools
-    if reason is FinishReason.STOP and required and not any(n in required for n in parser.call_names):
+    if reason is EngineFinish.STOP and required and not any(n in required for n in parser.call_names):
         # tool_choice demanded a call (its start was forced) and none came out valid:
         # the model's malformed block is text, and the response must not pass for a call.
         error = missing_call_message(required)
         return "failed", error, encoder.fail(error, "server_error", usage)
-    if reason is FinishReason.STOP or reason is FinishReason.PREWARM:
+    if reason is EngineFinish.STOP or reason is EngineFinish.PREWARM:
         return "completed", None, encoder.finish("tool_calls" if parser.saw_tool_call else "stop", usage)
-    if reason is FinishReason.LENGTH:
+    if reason is EngineFinish.LENGTH:
         return "incomplete", None, encoder.finish("length", usage)
-    if reason is FinishReason.ABORT:
+    if reason is EngineFinish.ABORT:
         if ending.abort_error is None:
             return "cancelled", None, encoder.cancel(usage)
         return "cancelled", ending.abort_error, encoder.fail(ending.abort_error, "server_shutting_down", usage)
-    if reason is FinishReason.DEADLINE:
+    if reason is EngineFinish.DEADLINE:
         return "timeout", ending.timeout_message, encoder.fail(ending.timeout_message, ending.timeout_code, usage)
     error = (final.error if final is not None else None) or "The engine failed this request."
     return "failed", error, encoder.fail(f"The engine failed this request: {error}", "server_error", usage)
@@ -194,9 +194,9 @@ async def drive(
         if events:
             await emit(events)
             events = []
-    reason = final.finish_reason if final is not None else FinishReason.ERROR
-    if cut and reason is FinishReason.ABORT:
-        reason = FinishReason.STOP
+    reason = final.finish_reason if final is not None else EngineFinish.ERROR
+    if cut and reason is EngineFinish.ABORT:
+        reason = EngineFinish.STOP
     usage = _usage(final, reasoning_tokens)
     status, error, terminal = _end(final, reason, parser, encoder, usage, ending)
     events += terminal

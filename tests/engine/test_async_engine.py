@@ -11,10 +11,10 @@ import time
 import pytest
 
 from ignis.config import EngineConfig
-from ignis.engine import AsyncEngine, EngineDeadError, FinishReason, SamplingParams
+from ignis.engine import AsyncEngine, EngineDeadError, EngineFinish, SamplingParams
 from ignis.model import LoadedModel
 
-END_REASONS = set(FinishReason)
+END_REASONS = set(EngineFinish)
 
 
 def make(tiny: LoadedModel, **overrides) -> AsyncEngine:
@@ -96,14 +96,14 @@ def test_random_submits_aborts_and_deadlines(tiny: LoadedModel) -> None:
             last = outs[-1]
             assert last.finish_reason in END_REASONS and last.usage is not None
             if kind == "bad":
-                assert last.finish_reason is FinishReason.ERROR and "stop" in last.error
+                assert last.finish_reason is EngineFinish.ERROR and "stop" in last.error
             elif kind == "prewarm":
-                assert last.finish_reason in (FinishReason.PREWARM, FinishReason.ERROR) or last.usage.output_tokens == 0
+                assert last.finish_reason in (EngineFinish.PREWARM, EngineFinish.ERROR) or last.usage.output_tokens == 0
             elif kind == "plain":
-                assert last.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+                assert last.finish_reason in (EngineFinish.STOP, EngineFinish.LENGTH)
             assert last.usage.output_tokens == sum(len(o.token_ids) for o in outs)
         reasons = {outs[-1].finish_reason for _, outs in results}
-        assert {FinishReason.ABORT, FinishReason.DEADLINE, FinishReason.ERROR, FinishReason.PREWARM} <= reasons
+        assert {EngineFinish.ABORT, EngineFinish.DEADLINE, EngineFinish.ERROR, EngineFinish.PREWARM} <= reasons
         await asyncio.sleep(0.05)
         stats = engine.stats
         assert stats.num_free_blocks == initial == engine.engine.num_blocks
@@ -128,8 +128,8 @@ def test_abort_frees_running_and_waiting_requests(tiny: LoadedModel) -> None:
         engine.abort(waiting.request_id)
         engine.abort(running.request_id)
         outs_w, outs_r = await drain(waiting), await drain(running)
-        assert outs_w[-1].finish_reason is FinishReason.ABORT and outs_w[-1].usage.output_tokens == 0
-        assert outs_r[-1].finish_reason is FinishReason.ABORT
+        assert outs_w[-1].finish_reason is EngineFinish.ABORT and outs_w[-1].usage.output_tokens == 0
+        assert outs_r[-1].finish_reason is EngineFinish.ABORT
         await asyncio.sleep(0.05)
         assert engine.stats.num_free_blocks == engine.engine.num_blocks
         await engine.aclose()
@@ -142,7 +142,7 @@ def test_deadline_has_its_own_finish_reason(tiny: LoadedModel) -> None:
         engine = make(tiny)
         stream = engine.submit([1, 2, 3], SamplingParams.greedy(10_000, ignore_eos=True), deadline=time.monotonic() + 0.05)
         outs = await drain(stream)
-        assert outs[-1].finish_reason is FinishReason.DEADLINE
+        assert outs[-1].finish_reason is EngineFinish.DEADLINE
         await engine.aclose()
 
     asyncio.run(main())
@@ -157,9 +157,9 @@ def test_bad_request_fails_alone(tiny: LoadedModel) -> None:
         bad_ids = engine.submit([tiny.config.vocab_size + 5], SamplingParams.greedy(5))
         for s in (bad_stop, too_long, bad_ids):
             [out] = await drain(s)
-            assert out.finish_reason is FinishReason.ERROR and out.error
+            assert out.finish_reason is EngineFinish.ERROR and out.error
         outs = await drain(good)
-        assert outs[-1].finish_reason is FinishReason.LENGTH and outs[-1].usage.output_tokens == 5
+        assert outs[-1].finish_reason is EngineFinish.LENGTH and outs[-1].usage.output_tokens == 5
         await engine.aclose()
 
     asyncio.run(main())
@@ -181,9 +181,9 @@ def test_forward_failure_fails_that_step_only(tiny: LoadedModel, monkeypatch: py
         monkeypatch.setattr(runner, "execute", flaky)
         failed = engine.submit([1, 2, 3], SamplingParams.greedy(5))
         outs = await drain(failed)
-        assert outs[-1].finish_reason is FinishReason.ERROR and "boom" in outs[-1].error
+        assert outs[-1].finish_reason is EngineFinish.ERROR and "boom" in outs[-1].error
         ok = await engine.submit([1, 2, 3], SamplingParams.greedy(5, ignore_eos=True)).collect()
-        assert ok.finish_reason is FinishReason.LENGTH and len(ok.token_ids) == 5
+        assert ok.finish_reason is EngineFinish.LENGTH and len(ok.token_ids) == 5
         assert engine.healthy
         await asyncio.sleep(0.05)
         assert engine.stats.num_free_blocks == engine.engine.num_blocks
@@ -195,18 +195,18 @@ def test_forward_failure_fails_that_step_only(tiny: LoadedModel, monkeypatch: py
 def test_sampling_failure_of_one_row_fails_that_request(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         engine = make(tiny)
-        runner = engine.engine.runner
-        real = runner._sample_rows
+        sampler = engine.engine.runner.sampler
+        real = sampler._sample_rows
 
         def picky(logits, rows):
             if any(s.seed == 13 for s in rows):
                 raise ValueError("bad row")
             return real(logits, rows)
 
-        monkeypatch.setattr(runner, "_sample_rows", picky)
+        monkeypatch.setattr(sampler, "_sample_rows", picky)
         streams = [engine.submit([5, 6, 7], SamplingParams(max_tokens=4, seed=s, ignore_eos=True)) for s in (11, 13, 17)]
         results = [await s.collect() for s in streams]
-        assert [r.finish_reason for r in results] == [FinishReason.LENGTH, FinishReason.ERROR, FinishReason.LENGTH]
+        assert [r.finish_reason for r in results] == [EngineFinish.LENGTH, EngineFinish.ERROR, EngineFinish.LENGTH]
         assert "bad row" in results[1].error
         await engine.aclose()
 
@@ -219,7 +219,7 @@ def test_dead_engine_thread_is_reported(tiny: LoadedModel, monkeypatch: pytest.M
         monkeypatch.setattr(engine.engine, "step", lambda: (_ for _ in ()).throw(RuntimeError("core bug")))
         stream = engine.submit([1, 2, 3], SamplingParams.greedy(5))
         outs = await drain(stream)
-        assert outs[-1].finish_reason is FinishReason.ERROR and "core bug" in outs[-1].error
+        assert outs[-1].finish_reason is EngineFinish.ERROR and "core bug" in outs[-1].error
         await asyncio.sleep(0.05)
         assert not engine.healthy
         with pytest.raises(EngineDeadError):
@@ -267,7 +267,7 @@ def test_prewarm_reports_usage_and_warms_the_cache(tiny: LoadedModel) -> None:
         engine = make(tiny)
         prompt = list(range(10, 40))  # 30 tokens: 7 full blocks of 4
         [pre] = await drain(engine.submit(prompt, prewarm=True))
-        assert pre.finish_reason is FinishReason.PREWARM and pre.token_ids == []
+        assert pre.finish_reason is EngineFinish.PREWARM and pre.token_ids == []
         assert pre.usage.prompt_tokens == 30 and pre.usage.output_tokens == 0
         real = await engine.submit(prompt + [50, 51], SamplingParams.greedy(3)).collect()
         assert real.usage.cached_tokens == 28
@@ -297,7 +297,7 @@ def test_shutdown_aborts_open_requests(tiny: LoadedModel) -> None:
         await stream.__anext__()
         await engine.aclose()
         outs = await drain(stream)
-        assert outs[-1].finished and outs[-1].finish_reason is FinishReason.ABORT
+        assert outs[-1].finished and outs[-1].finish_reason is EngineFinish.ABORT
         with pytest.raises(EngineDeadError):
             engine.submit([1])
 

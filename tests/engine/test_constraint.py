@@ -176,7 +176,7 @@ PROMPT = [298, 330, 326, 293, 323]  # "The cap ital of Fr" in the tiny vocabular
 
 def biased(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch, bias: Callable[[Sequence], dict[int, float]]) -> None:
     """Make the random model 'want' tokens: add bias(seq) to its logits before sampling."""
-    real = engine.runner._sample_rows
+    real = engine.runner.sampler._sample_rows
 
     def sample_rows(logits: torch.Tensor, rows: list[Sequence]) -> object:
         logits = logits.clone()
@@ -185,7 +185,7 @@ def biased(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch, bias: Callable[[S
                 logits[k, t] += v
         return real(logits, rows)
 
-    monkeypatch.setattr(engine.runner, "_sample_rows", sample_rows)
+    monkeypatch.setattr(engine.runner.sampler, "_sample_rows", sample_rows)
 
 
 def output_bytes(tiny: LoadedModel, ids: list[int]) -> bytes:
@@ -333,9 +333,9 @@ def test_requires_a_byte_level_vocabulary(tiny: LoadedModel, monkeypatch: pytest
 def test_row_by_row_retry_masks_the_original_logits(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed batched sampler call is retried row by row on the same logits: the forced
     row is masked afresh (its mask went on a copy), the free row is untouched."""
-    from ignis.engine import model_runner
+    from ignis.engine import sampler
 
-    real = model_runner.sample
+    real = sampler.sample
     failed = []
 
     def flaky(logits: torch.Tensor, params: object, **kw: object) -> object:
@@ -344,13 +344,13 @@ def test_row_by_row_retry_masks_the_original_logits(tiny: LoadedModel, monkeypat
             raise RuntimeError("batched call failed")
         return real(logits, params, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(model_runner, "sample", flaky)
+    monkeypatch.setattr(sampler, "sample", flaky)
     params = [SamplingParams(max_tokens=48, temperature=1.0, seed=3, ignore_eos=True, constraint=OutputConstraint((CALL,))),
               SamplingParams(max_tokens=48, temperature=1.0, seed=4, ignore_eos=True)]
     done = LLMEngine(tiny, CFG).generate([PROMPT, [5, 6, 7]], params)
     assert failed
     assert output_bytes(tiny, done[0].token_ids).startswith(CALL)
-    monkeypatch.setattr(model_runner, "sample", real)
+    monkeypatch.setattr(sampler, "sample", real)
     assert done[1].token_ids == LLMEngine(tiny, CFG).generate([[5, 6, 7]], params[1])[0].token_ids
 
 

@@ -63,12 +63,12 @@ def test_packed_weights_give_the_same_tokens(tiny: LoadedModel) -> None:
 
 def test_engine_matches_the_simple_generator_with_sliding_windows(tmp_path) -> None:
     """A Qwen2 checkpoint with sliding-window layers through the engine (batched CPU
-    attention, chunked prefill beside decodes) and through ignis.model.generate (the
+    attention, chunked prefill beside decodes) and through reference_generate.py (the
     kernels' reference, one prefill): the same greedy tokens."""
+    from reference_generate import generate
     from tiny_models import build_tiny_model
 
     from ignis.model import load_model
-    from ignis.model.generate import generate
 
     path = build_tiny_model(
         tmp_path / "qwen2-sw", "qwen2", num_layers=3, use_sliding_window=True, sliding_window=5, max_window_layers=1,
@@ -86,7 +86,7 @@ def test_engine_matches_the_simple_generator_with_sliding_windows(tmp_path) -> N
 def test_penalty_token_buffers_follow_the_sequences(tiny: LoadedModel) -> None:
     """The runner's per-sequence penalty arrays (copied once, appended to) give the padded
     lists of the whole prompt and output, step after step; rows without penalties are empty."""
-    from kernels.sampling_params import _pad
+    from kernels.sampling_tensors import _pad
 
     engine = LLMEngine(tiny, EngineConfig(num_kv_blocks=64, block_size=4))
     pen = SamplingParams(max_tokens=40, temperature=1.0, seed=3, repetition_penalty=1.3, frequency_penalty=0.4,
@@ -100,7 +100,7 @@ def test_penalty_token_buffers_follow_the_sequences(tiny: LoadedModel) -> None:
         rows = [s for s in engine.seqs.values() if s.num_output_tokens]
         if not rows or step % 7:
             continue
-        got = engine.runner._penalty_tokens(rows)
+        got = engine.runner.sampler._penalty_tokens(rows)
         uses = [s.params.uses_penalties for s in rows]
         want_p = _pad([s.token_ids[: s.num_prompt_tokens] if u else [] for s, u in zip(rows, uses)], "cpu")
         want_o = _pad([s.token_ids[s.num_prompt_tokens :] if u else [] for s, u in zip(rows, uses)], "cpu")

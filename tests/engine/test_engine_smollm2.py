@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ignis.config import EngineConfig
-from ignis.engine import FinishReason, LLMEngine, SamplingParams
+from ignis.engine import EngineFinish, LLMEngine, SamplingParams
 from ignis.model import LoadedModel
 from ignis.model.chat_template import encode_chat
 
@@ -71,7 +71,7 @@ def test_batched_equals_alone(smollm2, prompts, alone) -> None:
     results = eng.generate(prompts, GREEDY)
     assert [r.token_ids for r in results] == alone
     for r, p in zip(results, prompts):
-        assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        assert r.finish_reason in (EngineFinish.STOP, EngineFinish.LENGTH)
         assert r.usage.prompt_tokens == len(p) and r.usage.output_tokens == len(r.token_ids)
         assert r.text == smollm2.tokenizer.decode(r.token_ids, skip_special_tokens=True)
     assert eng.stats().num_free_blocks == eng.num_blocks
@@ -117,7 +117,7 @@ def test_prewarm_then_real_turn(smollm2) -> None:
     eng = engine(smollm2)
     conversation = chat(smollm2, "Do you sell signed editions?", SYSTEM)
     [pre] = eng.generate([conversation], prewarm=True)
-    assert pre.finish_reason is FinishReason.PREWARM and pre.token_ids == []
+    assert pre.finish_reason is EngineFinish.PREWARM and pre.token_ids == []
     assert pre.usage.prompt_tokens == len(conversation) and pre.usage.output_tokens == 0
     # The real turn: the same conversation plus one more exchange.
     real = conversation + smollm2.tokenizer.encode("Yes.<|im_end|>\n<|im_start|>user\nGreat!<|im_end|>\n", special=True)
@@ -141,7 +141,7 @@ def test_stop_string_cuts_text_and_counts_rewound(smollm2, prompts) -> None:
     assert len(words) >= 4
     stop = " " + words[2]
     [cut] = eng.generate([prompts[0]], SamplingParams.greedy(MAX_TOKENS, ignore_eos=True, stop=[stop]))
-    assert cut.finish_reason is FinishReason.STOP and cut.stop_reason == stop
+    assert cut.finish_reason is EngineFinish.STOP and cut.stop_reason == stop
     assert cut.text == full.text[: full.text.index(stop)]
     assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
     assert 1 <= cut.usage.rewound_tokens < cut.usage.output_tokens
@@ -150,7 +150,7 @@ def test_stop_string_cuts_text_and_counts_rewound(smollm2, prompts) -> None:
 def test_max_tokens_is_clipped_to_the_context(smollm2, prompts) -> None:
     eng = engine(smollm2, max_model_len=len(prompts[1]) + 5)
     [r] = eng.generate([prompts[1]], SamplingParams.greedy(1000, ignore_eos=True))
-    assert r.finish_reason is FinishReason.LENGTH and len(r.token_ids) == 5
+    assert r.finish_reason is EngineFinish.LENGTH and len(r.token_ids) == 5
 
 
 def test_seeded_sampling_is_batch_independent(smollm2, prompts) -> None:

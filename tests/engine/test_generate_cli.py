@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ignis.config import EngineConfig
-from ignis.engine import FinishReason, SamplingParams
+from ignis.engine import EngineFinish, SamplingParams
 from ignis.generate import build_engine, encode_prompt, generate
 from ignis.model import LoadedModel
 
@@ -22,7 +22,7 @@ def test_python_api_takes_text_messages_and_ids(tiny: LoadedModel) -> None:
     results = generate(engine, prompts, SamplingParams.greedy(6, ignore_eos=True))
     assert [len(r.token_ids) for r in results] == [6, 6, 6]
     assert results[0].token_ids == results[1].token_ids
-    assert all(r.finish_reason is FinishReason.LENGTH for r in results)
+    assert all(r.finish_reason is EngineFinish.LENGTH for r in results)
 
 
 def test_cli_runs_the_engine(tiny_dir: Path) -> None:

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from ignis.config import EngineConfig
-from ignis.engine import FinishReason, LLMEngine, SamplingParams
+from ignis.engine import EngineFinish, LLMEngine, SamplingParams
 from ignis.engine.constraint import OutputConstraint
 from ignis.engine.grammar import Grammar, GrammarError, GrammarState, ll_tokenizer
 from ignis.model import LoadedModel
@@ -44,10 +44,10 @@ def test_constrained_output_matches_schema_beside_free_rows(tiny: LoadedModel) -
     free_alone = LLMEngine(tiny, CFG).generate([_prompt(tiny)], SamplingParams.greedy(12))[0]
     outs = engine.generate([_prompt(tiny)] * 4, params)
     for k in (0, 2):
-        assert outs[k].finish_reason is FinishReason.STOP, outs[k]
+        assert outs[k].finish_reason is EngineFinish.STOP, outs[k]
         jsonschema.validate(json.loads(outs[k].text), SCHEMA)
-    assert outs[3].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-    if outs[3].finish_reason is FinishReason.STOP:
+    assert outs[3].finish_reason in (EngineFinish.STOP, EngineFinish.LENGTH)
+    if outs[3].finish_reason is EngineFinish.STOP:
         assert isinstance(json.loads(outs[3].text), dict)
     # The unconstrained row is what it is alone: the masks touch only their rows.
     assert outs[1].token_ids == free_alone.token_ids
@@ -55,7 +55,7 @@ def test_constrained_output_matches_schema_beside_free_rows(tiny: LoadedModel) -
 
 def test_length_cut_leaves_a_prefix_and_says_length(tiny: LoadedModel) -> None:
     out = LLMEngine(tiny, CFG).generate([_prompt(tiny)], SamplingParams.greedy(3, grammar=Grammar.json_schema(SCHEMA)))[0]
-    assert out.finish_reason is FinishReason.LENGTH
+    assert out.finish_reason is EngineFinish.LENGTH
     assert out.text.startswith("{") and len(out.token_ids) == 3
 
 
@@ -71,7 +71,7 @@ def test_regex_and_lark(tiny: LoadedModel) -> None:
 
     assert re.fullmatch(r"(yes|no)-[0-9]{2}", outs[0].text), outs[0]
     assert re.fullmatch(r"<[a-z]{1,5}>", outs[1].text), outs[1]
-    assert outs[0].finish_reason is outs[1].finish_reason is FinishReason.STOP
+    assert outs[0].finish_reason is outs[1].finish_reason is EngineFinish.STOP
 
 
 def test_preemption_keeps_the_matcher(tiny: LoadedModel) -> None:
@@ -86,7 +86,7 @@ def test_preemption_keeps_the_matcher(tiny: LoadedModel) -> None:
     outs = tight.generate(prompts, params)
     assert tight.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in roomy]
-    assert all(o.finish_reason is FinishReason.STOP for o in outs)
+    assert all(o.finish_reason is EngineFinish.STOP for o in outs)
 
 
 def test_abort_frees_the_matcher(tiny: LoadedModel) -> None:
@@ -103,7 +103,7 @@ def test_abort_frees_the_matcher(tiny: LoadedModel) -> None:
         for out in engine.step():
             if out.finished:
                 finals[out.request_id] = out
-    assert finals["a"].finish_reason is FinishReason.ABORT and finals["b"].finish_reason is FinishReason.LENGTH
+    assert finals["a"].finish_reason is EngineFinish.ABORT and finals["b"].finish_reason is EngineFinish.LENGTH
 
 
 def test_contradicting_constraint_fails_that_row_only(tiny: LoadedModel) -> None:
@@ -112,8 +112,8 @@ def test_contradicting_constraint_fails_that_row_only(tiny: LoadedModel) -> None
     engine = LLMEngine(tiny, CFG)
     bad = SamplingParams.greedy(10, grammar=Grammar.regex("abc"), constraint=OutputConstraint((b"xyz",)))
     outs = engine.generate([_prompt(tiny)] * 2, [bad, SamplingParams.greedy(4)])
-    assert outs[0].finish_reason is FinishReason.ERROR and "grammar allows no token" in (outs[0].error or "")
-    assert outs[1].finish_reason is FinishReason.LENGTH and len(outs[1].token_ids) == 4
+    assert outs[0].finish_reason is EngineFinish.ERROR and "grammar allows no token" in (outs[0].error or "")
+    assert outs[1].finish_reason is EngineFinish.LENGTH and len(outs[1].token_ids) == 4
 
 
 def test_rejected_token_fails_the_request(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,7 +128,7 @@ def test_rejected_token_fails_the_request(tiny: LoadedModel, monkeypatch: pytest
 
     monkeypatch.setattr(engine.runner, "execute", wrong)
     out = engine.generate([_prompt(tiny)], SamplingParams.greedy(10, grammar=Grammar.regex("[0-9]+")))[0]
-    assert out.finish_reason is FinishReason.ERROR and "does not match the output grammar" in (out.error or "")
+    assert out.finish_reason is EngineFinish.ERROR and "does not match the output grammar" in (out.error or "")
 
 
 def test_refused_at_submit(tiny: LoadedModel) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ignis.config import EngineConfig
-from ignis.engine import LLMEngine, SamplingParams, model_runner
+from ignis.engine import LLMEngine, SamplingParams, sampler
 from ignis.engine.outputs import RequestOutput
 from ignis.model import LoadedModel
 
@@ -47,9 +47,9 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams
 
 def test_top_logprobs_in_a_mixed_batch(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = LLMEngine(tiny, CFG)
-    runner = engine.runner
-    calls: list[tuple[torch.Tensor, list[tuple[SamplingParams, list[int]]], model_runner.Sampled]] = []
-    real_rows = runner._sample_rows
+    runner_sampler = engine.runner.sampler
+    calls: list[tuple[torch.Tensor, list[tuple[SamplingParams, list[int]]], sampler.Sampled]] = []
+    real_rows = runner_sampler._sample_rows
 
     def recording(logits, rows):
         ctx = [(s.params, list(s.token_ids[s.num_prompt_tokens :])) for s in rows]
@@ -58,14 +58,14 @@ def test_top_logprobs_in_a_mixed_batch(tiny: LoadedModel, monkeypatch: pytest.Mo
         return got
 
     dist_rows: list[int] = []
-    real_dist = model_runner.logprob_distribution
+    real_dist = sampler.logprob_distribution
 
     def counting(logits, params):
         dist_rows.append(logits.shape[0])
         return real_dist(logits, params)
 
-    monkeypatch.setattr(runner, "_sample_rows", recording)
-    monkeypatch.setattr(model_runner, "logprob_distribution", counting)
+    monkeypatch.setattr(runner_sampler, "_sample_rows", recording)
+    monkeypatch.setattr(sampler, "logprob_distribution", counting)
 
     params = [
         SamplingParams.greedy(6, ignore_eos=True, top_logprobs=5),
@@ -122,7 +122,7 @@ def test_nobody_asks_no_distribution(tiny: LoadedModel, monkeypatch: pytest.Monk
     def boom(*args, **kwargs):
         raise AssertionError("computed top logprobs nobody asked for")
 
-    monkeypatch.setattr(model_runner, "logprob_distribution", boom)
+    monkeypatch.setattr(sampler, "logprob_distribution", boom)
     engine = LLMEngine(tiny, CFG)
     done = engine.generate(
         [[5, 6, 7], [8, 9]],
@@ -134,14 +134,14 @@ def test_nobody_asks_no_distribution(tiny: LoadedModel, monkeypatch: pytest.Monk
 def test_row_by_row_fallback_keeps_top_logprobs(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed batched sampler call is retried row by row; alternatives survive it."""
     engine = LLMEngine(tiny, CFG)
-    real = engine.runner._sample_rows
+    real = engine.runner.sampler._sample_rows
 
     def one_at_a_time(logits, rows):
         if len(rows) > 1:
             raise RuntimeError("batched call failed")
         return real(logits, rows)
 
-    monkeypatch.setattr(engine.runner, "_sample_rows", one_at_a_time)
+    monkeypatch.setattr(engine.runner.sampler, "_sample_rows", one_at_a_time)
     params = [SamplingParams.greedy(3, ignore_eos=True, top_logprobs=2), SamplingParams.greedy(3, ignore_eos=True)]
     done = engine.generate([[5, 6, 7], [8, 9]], params)
     assert done[0].top_logprobs is not None and [len(a) for a in done[0].top_logprobs] == [2, 2, 2]

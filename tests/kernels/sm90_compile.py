@@ -33,7 +33,7 @@ from kernels.attention import tile_config
 from kernels.attention_kernel import paged_attention_kernel
 from kernels.attention_split import combine_splits_kernel
 from kernels.kv_cache import _write_kv_kernel
-from kernels.sampling_params import GREEDY_EPS
+from kernels.sampling_tensors import GREEDY_EPS
 from kernels.sampling_triton import DEFAULT_CONFIG as SAMPLER, _sample_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)

@@ -4,7 +4,7 @@ the reference against torch SDPA on densely gathered data.
 Every test draws a fresh seed (shown in each assert message; set IGNIS_TEST_SEED to
 replay one). Outputs start as NaN so every element must be written; cache rows no
 sequence owns, spare blocks and the guard block a -1 entry would address are NaN too
-(see kernels.testing), so any read of them shows up as NaN in the output.
+(see paged_batch.py), so any read of them shows up as NaN in the output.
 
 Tolerances (absolute and relative, vs the fp32 reference): fp32 1e-4; fp16 5e-3;
 bf16 2e-2 (the kernel rounds the softmax weights to the input dtype before P @ V,
@@ -22,11 +22,11 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from paged_batch import PagedBatch, make_paged_batch
 
 from kernels import paged_attention, paged_attention_ref
 from kernels.attention import TileConfig, paged_attention_triton, tile_config
 from kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits, worth_splitting
-from kernels.testing import PagedBatch, make_paged_batch
 
 TOL = {
     torch.float32: dict(atol=1e-4, rtol=1e-4),

@@ -96,7 +96,8 @@ def test_smollm2_metadata() -> None:
 def test_load_model_hf_dir_and_gguf_agree(tmp_path: Path) -> None:
     """load_model end to end (weights, tokenizer, chat template, eos ids) on one tiny
     checkpoint as an HF directory and as a GGUF file: the same chat gives the same ids."""
-    from ignis.model import generate as generation
+    import reference_generate as generation
+
     from ignis.model import load_model
 
     model_dir = build_tiny_model(tmp_path / "tiny-qwen3", "qwen3", head_dim=16)

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from ignis.model.generate import generate
 from ignis.model.hf_loader import config_from_hf_dict, iter_hf_weights, read_hf_config
 from ignis.model.loader import build_model
 from ignis.model.transformer import Transformer
 from paged_utils import flat_forward_logits, hf_logits, rel_err
+from reference_generate import generate
 from tiny_models import build_tiny_model
 
 TOL = 1e-4

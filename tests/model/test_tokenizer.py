@@ -291,3 +291,29 @@ def test_incremental_decoder_without_byte_level_vocabulary() -> None:
         pieces = _stream(tok, ids)
         assert "".join(pieces) == tok.decode(ids)
         assert not any("\ufffd" in p for p in pieces)
+
+
+# --- per-tokenizer caches ------------------------------------------------------------------------
+
+
+def test_pieces_and_single_ids_are_cached_on_the_tokenizer(tiny: Tokenizer) -> None:
+    im_start = tiny.token_to_id("<|im_start|>")
+    assert tiny.piece(im_start) == ("<|im_start|>", b"<|im_start|>")
+    assert tiny.piece(im_start) is tiny.piece(im_start)
+    word = tiny.encode(" the")[0]
+    assert tiny.piece(word) == (tiny.decode([word]), tiny.token_bytes(word))
+    assert tiny.single_token_id("<|im_start|>") == im_start
+    assert tiny.single_token_id("<|im_start|>hello there") is None  # more than one token
+
+
+def test_memo_builds_once_per_key_across_threads(tiny: Tokenizer) -> None:
+    built: list[int] = []
+
+    def build(n: int) -> object:
+        built.append(n)
+        return object()
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: tiny.memo(("test", i % 2), lambda: build(i % 2)), range(32)))
+    assert sorted(built) == [0, 1]
+    assert all(g is got[i % 2] for i, g in enumerate(got))

@@ -18,8 +18,8 @@ from pydantic import TypeAdapter
 from responses_sdk import check_grammar, validate_response
 from server_harness import client, http, make_config
 
-from ignis.engine import FinishReason, RequestOutput
-from ignis.engine.outputs import Usage as EngineUsage
+from ignis.engine import EngineFinish, RequestOutput
+from ignis.engine.outputs import EngineUsage
 from ignis.engine.stop import TextStream
 from ignis.output_parser import OutputParser, ParserConfig
 from ignis.server.logprobs import LogprobRouter, token_logprobs
@@ -76,10 +76,10 @@ def engine_outputs(tok: Any, ids: list[int], *, stop: tuple[str, ...] = (), alt:
     for k, i in enumerate(ids):
         text = ts.add(i)
         if ts.stop_string is not None:
-            outs.append(one(k, i, text, finished=True, finish_reason=FinishReason.STOP, usage=usage))
+            outs.append(one(k, i, text, finished=True, finish_reason=EngineFinish.STOP, usage=usage))
             return outs
         outs.append(one(k, i, text))
-    outs.append(one(len(ids), tok.eos_token_id, ts.flush(), finished=True, finish_reason=FinishReason.STOP, usage=usage))
+    outs.append(one(len(ids), tok.eos_token_id, ts.flush(), finished=True, finish_reason=EngineFinish.STOP, usage=usage))
     return outs
 
 

@@ -1,4 +1,4 @@
-"""A small generation loop over the paged cache, for tests and the one-prompt demo.
+"""A small generation loop over the paged cache: the engine-free reference of the model tests.
 
 Each prompt gets a contiguous run of blocks sized for prompt + max_new_tokens; all
 prompts are prefilled in one flat forward, then every unfinished sequence decodes

@@ -1,4 +1,5 @@
-"""Random paged batches for tests, benchmarks and GPU checks (not used by the ops).
+"""Random paged batches for the attention tests, experiments/bench_kernels.py and
+experiments/gpu/attention_check.py (both put this folder on sys.path).
 
 A batch is laid out exactly as `paged_attention_ref` documents. Cache rows that no
 sequence owns (the tail of each last block, spare blocks, and a guard block that a -1

@@ -1,0 +1,366 @@
+"""Logits in, one token per row out: everything between the model's head and the sampled ids.
+
+    sampled = Sampler().sample(logits, rows)   # rows: the step's sampling sequences, in order
+
+A call, on the [R, V] fp32 logits of the rows that sample:
+
+1. Grammar rows (an output grammar) get their matchers' next-token bitmasks, in place
+   (kernels.token_mask; idempotent). A forcing constraint on such a row is intersected
+   into its bitmask. A row nothing can continue is reported in `errors`.
+2. Rows still short of `min_tokens` get their stop ids at -inf (a copy).
+3. Rows whose constraint forces the next token (a required tool call, a spent thinking
+   budget) get every other token at -inf (a copy).
+4. Plain greedy batches take the argmax; anything else goes through `kernels.sample`
+   (temperature, top-k, top-p, min-p, penalties, per-request seeds), with logprobs and
+   top logprobs when a row asks.
+
+If the batched call raises, the rows are sampled one by one, so one bad row fails alone.
+The one host synchronisation is reading the results back. Masks 2 and 3 are copies so
+the row-by-row retry starts from the same logits; 1 runs once, before the retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ignis.engine.constraint import Allowed, TokenIndex
+from ignis.engine.grammar import GrammarState, fill_masks
+from ignis.engine.sequence import Sequence
+from kernels.sampling import SamplingTensors, logprob_distribution, sample
+from kernels.token_mask import apply_token_bitmask_
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Sampled", "Sampler", "TopLogprobs"]
+
+_NO_IDS = np.empty(0, dtype=np.int32)
+# Allowed tokens the model itself gave -inf (the scripted model's one-hot logits) are
+# raised to this, so that a masked row always samples an allowed token. Finite after
+# any temperature >= GREEDY_EPS and any sane penalty.
+_ALLOWED_FLOOR = -1e30
+_NEG_INF = float("-inf")
+
+# A row's most likely tokens: (token id, logprob), logprob descending.
+TopLogprobs = list[tuple[int, float]]
+
+
+@dataclass
+class Sampled:
+    """The sampler's answer for the rows of one call (lists indexed like the rows)."""
+
+    tokens: list[int]
+    logprobs: list[float] | None  # None: no row asked for logprobs
+    top_logprobs: list[TopLogprobs | None] | None  # None: no row asked for top_logprobs
+    # Row -> message, for rows that cannot go on (their token is meaningless).
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+class _PenaltyIds:
+    """One sequence's token ids as int32 arrays for the penalties: the prompt, copied once,
+    and the output, appended to as it grows (capacity doubles)."""
+
+    __slots__ = ("n", "output", "prompt")
+
+    def __init__(self, seq: Sequence) -> None:
+        self.prompt = np.asarray(seq.token_ids[: seq.num_prompt_tokens], dtype=np.int32)
+        self.output = np.empty(64, dtype=np.int32)
+        self.n = 0
+
+    def sync(self, seq: Sequence) -> tuple[np.ndarray, np.ndarray]:
+        total = seq.num_output_tokens
+        if total < self.n:  # never happens today (outputs only grow): start over
+            self.n = 0
+        if total > self.n:
+            if total > len(self.output):
+                grown = np.empty(max(total, 2 * len(self.output)), dtype=np.int32)
+                grown[: self.n] = self.output[: self.n]
+                self.output = grown
+            self.output[self.n : total] = seq.token_ids[seq.num_prompt_tokens + self.n :]
+            self.n = total
+        return self.prompt, self.output[: self.n]
+
+
+class Sampler:
+    """The sampling state an engine keeps between steps: host buffers for grammar
+    bitmasks, per-sequence penalty ids, and per token index its ids on the device."""
+
+    def __init__(self) -> None:
+        self._grammar_masks = np.zeros((0, 0), dtype=np.int32)  # grown on demand
+        self._penalty_ids: weakref.WeakKeyDictionary[Sequence, _PenaltyIds] = weakref.WeakKeyDictionary()
+        # Per token index (one per tokenizer): its ids in byte order, on the device.
+        self._orders: weakref.WeakKeyDictionary[TokenIndex, torch.Tensor] = weakref.WeakKeyDictionary()
+
+    def sample(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
+        """One token per row of `logits` [R, V] (fp32; grammar rows are masked in place).
+        Every row at once; if that raises, row by row so one bad row fails alone."""
+        failed = self._mask_grammar(logits, rows)  # in place, once (the retry reuses it)
+        try:
+            out = self._sample_rows(logits, rows)
+        except Exception as exc:  # noqa: BLE001 - isolate the offending rows below
+            log.warning("batched sampling failed (%s); retrying row by row", exc)
+            return self._row_by_row(logits, rows, failed)
+        out.errors = failed
+        return out
+
+    def _row_by_row(self, logits: torch.Tensor, rows: list[Sequence], failed: dict[int, str]) -> Sampled:
+        out = Sampled([], None, None, dict(failed))
+        lps: list[float] = []
+        tops: list[TopLogprobs | None] = []
+        for k, seq in enumerate(rows):
+            try:
+                one = self._sample_rows(logits[k : k + 1], [seq])
+                out.tokens.append(one.tokens[0])
+                lps.append(one.logprobs[0] if one.logprobs is not None else float("nan"))
+                tops.append(one.top_logprobs[0] if one.top_logprobs is not None else None)
+            except Exception as exc:  # noqa: BLE001
+                out.errors.setdefault(k, f"sampling failed: {exc}")
+                out.tokens.append(-1)
+                lps.append(float("nan"))
+                tops.append(None)
+        if any(s.params.logprobs for s in rows):
+            out.logprobs = lps
+        if any(t is not None for t in tops):
+            out.top_logprobs = tops
+        return out
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
+        logits = _ban_stops(logits, rows)
+        # Forced rows sample from (and report logprobs of) the masked distribution.
+        logits = self._mask_forced(logits, rows)
+        want_logprobs = any(s.params.logprobs for s in rows)  # top_logprobs implies logprobs
+        penalties = any(s.params.uses_penalties for s in rows)
+        if not want_logprobs and not penalties and all(s.params.is_greedy for s in rows):
+            # Plain greedy: the sampler's greedy rule is the first index of the max.
+            return Sampled(logits.argmax(dim=-1).tolist(), None, None)
+        params = self._tensors(logits, rows, penalties)
+        # Penalties go on a copy, never in place: a failed batched call is retried row by
+        # row on these same logits, which must not be penalised twice.
+        if not want_logprobs:
+            return Sampled(sample(logits, params).tolist(), None, None)
+        return _with_logprobs(logits, params, rows)
+
+    def _tensors(self, logits: torch.Tensor, rows: list[Sequence], penalties: bool) -> SamplingTensors:
+        p = [s.params for s in rows]
+        return SamplingTensors.from_lists(
+            [x.temperature for x in p],
+            top_k=[x.top_k for x in p],
+            top_p=[x.top_p for x in p],
+            min_p=[x.min_p for x in p],
+            repetition_penalty=[x.repetition_penalty for x in p],
+            presence_penalty=[x.presence_penalty for x in p],
+            frequency_penalty=[x.frequency_penalty for x in p],
+            seed=[s.seed for s in rows],
+            step=[s.num_output_tokens for s in rows],
+            **(self._penalty_tokens(rows) if penalties else {}),
+            device=logits.device,
+        )
+
+    def _penalty_tokens(self, rows: list[Sequence]) -> dict[str, torch.Tensor]:
+        """The rows' prompt and output ids for the penalties, [B, S] int32 padded with -1
+        (empty for rows without penalties), from per-sequence numpy copies that grow by the
+        new tokens only: no Python list of the whole context is converted each step."""
+        arrays = []
+        for s in rows:
+            if not s.params.uses_penalties:
+                arrays.append(None)
+                continue
+            ids = self._penalty_ids.get(s)
+            if ids is None:
+                ids = self._penalty_ids[s] = _PenaltyIds(s)
+            arrays.append(ids.sync(s))
+        out = {}
+        for k, name in enumerate(("prompt_tokens", "output_tokens")):
+            parts = [a[k] if a is not None else _NO_IDS for a in arrays]
+            padded = np.full((len(parts), max(len(p) for p in parts)), -1, dtype=np.int32)
+            for row, p in enumerate(parts):
+                padded[row, : len(p)] = p
+            out[name] = torch.from_numpy(padded)
+        return out
+
+    # -- masks ----------------------------------------------------------------------
+
+    def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence]) -> dict[int, str]:
+        """Mask the rows that have an output grammar by their matchers' next-token bitmasks,
+        in place (kernels.token_mask: idempotent, so a retried step may see them again).
+        A forcing constraint on the same row (a thinking budget) is intersected into its
+        bitmask here, since two floors in a row would each lift what the other banned.
+
+        Returns the rows that cannot go on (nothing allowed: the grammar's error, or a
+        constraint the grammar contradicts): their message; they sample from an all-allowed
+        mask, harmlessly, and the engine fails them."""
+        ks = [k for k, s in enumerate(rows) if s.grammar is not None]
+        if not ks:
+            return {}
+        states: list[GrammarState] = [rows[k].grammar for k in ks]  # type: ignore[misc]
+        masks = self._grammar_bitmasks(states, logits.shape[1])
+        failed: dict[int, str] = {}
+        for r, k in enumerate(ks):
+            c = rows[k].constraint
+            if c is not None and (allowed := c.allowed()) is not None:
+                masks[r] &= _packed_bits(allowed.id_set(c.index), masks.shape[1])
+            if not masks[r].any():
+                failed[k] = _grammar_failure(states[r], c is not None)
+                masks[r] = -1
+        dev = logits.device
+        bitmask = torch.from_numpy(masks).to(dev)
+        which = torch.tensor(ks, dtype=torch.int64).to(dev)
+        apply_token_bitmask_(logits, bitmask, which, _ALLOWED_FLOOR)
+        return failed
+
+    def _grammar_bitmasks(self, states: list[GrammarState], width: int) -> np.ndarray:
+        """The states' next-token bitmasks [R, W] int32 (a view of a reused buffer), with
+        only ids both the tokenizer and the logits have (see grammar.ll_tokenizer)."""
+        words = max(s.mask_words for s in states)
+        buf = self._grammar_masks
+        if buf.shape[0] < len(states) or buf.shape[1] != words:
+            buf = self._grammar_masks = np.zeros((max(len(states), buf.shape[0]), words), dtype=np.int32)
+        masks = buf[: len(states)]
+        fill_masks(states, masks)
+        limit = min(width, min(s.vocab_size for s in states))
+        if limit < words * 32:
+            word, bit = divmod(limit, 32)
+            masks[:, word] &= np.int32((1 << bit) - 1) if bit < 31 else np.int32(0x7FFFFFFF)
+            masks[:, word + 1 :] = 0
+        return masks
+
+    def _mask_forced(self, logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
+        """`logits` with every token a forcing constraint disallows at -inf, for the rows
+        whose constraint is forcing (a copy: the caller's logits stay as they were, so the
+        row-by-row retry of `sample` masks them once, afresh). The same tensor when no
+        row is forced."""
+        forced: list[tuple[int, TokenIndex, Allowed]] = []
+        for k, s in enumerate(rows):
+            c = s.constraint
+            if c is not None and s.grammar is None and (allowed := c.allowed()) is not None:
+                forced.append((k, c.index, allowed))  # (a grammar row: see _mask_grammar)
+        if not forced:
+            return logits
+        which, allowed_mask = self._allowed_mask(forced, logits.shape[1], logits.device)
+        R = len(forced)
+        sub = logits.index_select(0, which) if R != logits.shape[0] else logits
+        sub = torch.where(allowed_mask, sub.clamp(min=_ALLOWED_FLOOR), _NEG_INF)
+        if R == logits.shape[0]:
+            return sub
+        return logits.index_copy(0, which, sub)
+
+    def _allowed_mask(
+        self, forced: list[tuple[int, TokenIndex, Allowed]], width: int, dev: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the forced rows' indices, their [R, width] bool mask of allowed tokens). Each
+        row's allowed set is a few ids plus ranges of its index's byte-ordered ids (kept on
+        the device, sliced without a copy)."""
+        small_ids: list[int] = []
+        small_rows: list[int] = []
+        pieces: list[torch.Tensor] = []
+        piece_rows: list[int] = []
+        counts: list[int] = []
+        for r, (_, index, allowed) in enumerate(forced):
+            small_ids.extend(allowed.ids)
+            small_rows.extend([r] * len(allowed.ids))
+            if allowed.ranges:
+                order = self._orders.get(index)
+                if order is None:
+                    order = self._orders[index] = torch.from_numpy(index.order).to(dev)
+                for lo, hi in allowed.ranges:
+                    pieces.append(order[lo:hi])
+                    piece_rows.append(r)
+                    counts.append(hi - lo)
+        # One upload for all five lists: on CUDA each blocking host->device copy waits for
+        # the stream, so five would be five waits per forced step.
+        host = np.asarray([k for k, _, _ in forced] + small_ids + small_rows + piece_rows + counts, dtype=np.int64)
+        packed = torch.from_numpy(host).to(dev)
+        R, n_small, n_pieces = len(forced), len(small_ids), len(piece_rows)
+        at = R + 2 * n_small
+        rows_of = [packed[R + n_small : at]]
+        if n_pieces:
+            rows_of.append(torch.repeat_interleave(packed[at : at + n_pieces], packed[at + n_pieces :],
+                                                   output_size=sum(counts)))
+        mask = torch.zeros((R, width), dtype=torch.bool, device=dev)
+        mask[torch.cat(rows_of), torch.cat([packed[R : R + n_small], *pieces])] = True
+        return packed[:R], mask
+
+
+def _packed_bits(ids: set[int], words: int) -> np.ndarray:
+    """`ids` as a little-endian bitmask of `words` int32 words (ids past it dropped)."""
+    arr = np.fromiter(ids, dtype=np.int64)
+    keep = np.zeros(words * 32, dtype=bool)
+    keep[arr[arr < words * 32]] = True
+    return np.packbits(keep, bitorder="little").view(np.int32)
+
+
+def _grammar_failure(state: GrammarState, constrained: bool) -> str:
+    err = state.error()
+    if err:
+        return f"the output grammar allows no token here: {err}"
+    return ("the output grammar allows no token here (nothing in the vocabulary can continue it"
+            + (", within the thinking budget)" if constrained else ")"))
+
+
+def _ban_stops(logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
+    """`logits` with the stop ids at -inf in the rows still short of their `min_tokens`
+    (a copy, as `Sampler._mask_forced`; the same tensor when no row is)."""
+    cells = [
+        (k, t) for k, s in enumerate(rows)
+        if s.num_output_tokens < s.params.min_tokens for t in s.stop_ids if t < logits.shape[1]
+    ]
+    if not cells:
+        return logits
+    at = torch.tensor(cells, dtype=torch.long).to(logits.device)
+    return logits.index_put((at[:, 0], at[:, 1]), torch.tensor(_NEG_INF, device=logits.device))
+
+
+# -- logprobs -----------------------------------------------------------------------
+
+
+def _with_logprobs(logits: torch.Tensor, params: SamplingTensors, rows: list[Sequence]) -> Sampled:
+    """Sample with each row's logprob and, for the rows that ask, its top logprobs."""
+    ids, lps = sample(logits, params, return_logprobs=True)
+    B = len(rows)
+    asks = [k for k, s in enumerate(rows) if s.params.top_logprobs > 0]
+    parts = [ids.to(torch.float64), lps.to(torch.float64)]
+    n = 0  # alternatives computed per asking row: the most any of them wants
+    if asks:
+        n = min(max(rows[k].params.top_logprobs for k in asks), logits.shape[1])
+        parts[1], top_ids, top_lps = _top_logprobs(logits, params, ids, parts[1], asks, n)
+        parts += [top_ids.flatten().to(torch.float64), top_lps.flatten().to(torch.float64)]
+    # One read-back (the step's one host sync): ids ride as float64, exact below 2**53.
+    flat = torch.cat(parts).tolist()
+    tokens = [int(t) for t in flat[:B]]
+    logprobs = flat[B : 2 * B]
+    if not asks:
+        return Sampled(tokens, logprobs, None)
+    R = len(asks)
+    t_ids, t_lps = flat[2 * B : 2 * B + R * n], flat[2 * B + R * n :]
+    tops: list[TopLogprobs | None] = [None] * B
+    for r, k in enumerate(asks):  # per asking row, its own count of the n computed
+        m = min(rows[k].params.top_logprobs, n)
+        # A forced row may have fewer possible tokens than asked: the impossible (-inf)
+        # ones are not alternatives (JSON has no -inf either).
+        tops[k] = [
+            (int(t), lp) for t, lp in zip(t_ids[r * n : r * n + m], t_lps[r * n : r * n + m]) if lp != _NEG_INF
+        ]
+    return Sampled(tokens, logprobs, tops)
+
+
+def _top_logprobs(
+    logits: torch.Tensor, params: SamplingTensors, ids: torch.Tensor, lps: torch.Tensor, asks: list[int], n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the logprobs `lps` [B] with the asking rows' re-read, their top ids [R, n], their
+    top logprobs [R, n]), from the distribution the sampled logprob is read from
+    (kernels.sampling_ref, definition 5): the penalised, tempered one, before
+    top-k/top-p/min-p. topk sorts descending."""
+    sel = None if len(asks) == len(ids) else torch.tensor(asks, device=logits.device)
+    dist = logprob_distribution(
+        logits if sel is None else logits.index_select(0, sel),
+        params if sel is None else params.select(sel),
+    )
+    top_lps, top_ids = dist.topk(n, dim=1)
+    # The sampled token's logprob read from these same numbers, so that it equals its
+    # entry among the alternatives whatever backend sampled it.
+    chosen = dist.gather(1, (ids if sel is None else ids.index_select(0, sel))[:, None])[:, 0].double()
+    return (chosen if sel is None else lps.index_copy(0, sel, chosen)), top_ids, top_lps
