@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypedDict, Unpack
 
 import torch
@@ -45,6 +45,24 @@ from ignis.model.loader import LoadedModel
 log = logging.getLogger(__name__)
 _ids = itertools.count()
 
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    """To the engine thread: admit a request (its outputs go back to `loop`)."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    deadline: float | None
+    prewarm: bool
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    """To the engine thread: end a request."""
+
+    request_id: str
 
 class SubmitOptions(TypedDict, total=False):
     """What a submission may add to its prompt and params (all three submit calls)."""
@@ -137,7 +155,7 @@ class AsyncEngine:
         self.max_in_flight = max_in_flight or engine.config.max_num_seqs
         # Shared with the core thread, under _cv's lock.
         self._cv = threading.Condition()
-        self._commands: list[tuple[Any, ...]] = []
+        self._commands: list[_Add | _Abort] = []
         self._stopping = False
         self._dead = False
         self.error: BaseException | None = None  # what killed the core thread
@@ -245,7 +263,7 @@ class AsyncEngine:
                     if not reserved:
                         self._slots -= 1
                 raise EngineDeadError("the engine is not running" + (f": {self.error!r}" if self.error else ""))
-            self._commands.append(("add", rid, list(prompt), params or SamplingParams(), deadline, prewarm, loop))
+            self._commands.append(_Add(rid, list(prompt), params or SamplingParams(), deadline, prewarm, loop))
             self._cv.notify()
         return stream
 
@@ -254,7 +272,7 @@ class AsyncEngine:
         ABORT output. Unknown or finished ids are ignored."""
         with self._cv:
             if not self._dead:
-                self._commands.append(("abort", request_id))
+                self._commands.append(_Abort(request_id))
                 self._cv.notify()
 
     # -- state ----------------------------------------------------------------------
@@ -346,15 +364,15 @@ class AsyncEngine:
                     stopping = self._stopping
                 outputs: list[RequestOutput] = []
                 for cmd in commands:
-                    if cmd[0] == "add":
-                        _, rid, prompt, params, deadline, prewarm, loop = cmd
-                        loops[rid] = loop
+                    if isinstance(cmd, _Add):
+                        loops[cmd.request_id] = cmd.loop
                         try:
-                            engine.add_request(rid, prompt, params, deadline=deadline, prewarm=prewarm)
+                            engine.add_request(cmd.request_id, cmd.prompt, cmd.params, deadline=cmd.deadline,
+                                               prewarm=cmd.prewarm)
                         except Exception as exc:  # noqa: BLE001 - this request alone fails
-                            outputs.append(_error_output(rid, len(prompt), str(exc)))
+                            outputs.append(_error_output(cmd.request_id, len(cmd.prompt), str(exc)))
                     else:
-                        engine.abort_request(cmd[1])
+                        engine.abort_request(cmd.request_id)
                 if stopping:
                     for rid in list(engine.seqs):
                         engine.abort_request(rid)
@@ -371,8 +389,8 @@ class AsyncEngine:
                 self._dead = True
                 leftovers, self._commands = self._commands, []
             for cmd in leftovers:
-                if cmd[0] == "add":
-                    loops[cmd[1]] = cmd[6]
+                if isinstance(cmd, _Add):
+                    loops[cmd.request_id] = cmd.loop
             message = f"engine died: {self.error!r}" if self.error else "engine shut down"
             reason = EngineFinish.ERROR if self.error else EngineFinish.ABORT
             self._send(

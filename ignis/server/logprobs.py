@@ -3,47 +3,25 @@ which answer-text delta each token belongs on (`LogprobRouter`)."""
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
-from typing import Any
-
+from ignis.engine import RequestOutput
+from ignis.model.tokenizer import Tokenizer
 from protocol.deltas import Delta, TextDelta
 from protocol.events import TokenLogprob
 
 __all__ = ["LogprobRouter", "token_logprobs"]
 
 
-# Per tokenizer: token id -> (text, bytes). A step with top_logprobs names 1 + N ids,
-# and decoding each alone on the event loop at every step adds up; at most one entry per
-# vocabulary id (<= ~152k). Weak keys: the entry goes with its model's tokenizer.
-_PIECES: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, bytes | None]]] = weakref.WeakKeyDictionary()
-
-
-def _pieces(tokenizer: Any) -> dict[int, tuple[str, bytes | None]]:
-    try:
-        cache = _PIECES.get(tokenizer)
-        if cache is None:
-            cache = _PIECES[tokenizer] = {}
-    except TypeError:  # a tokenizer that takes no weak reference: no cache
-        cache = {}
-    return cache
-
-
-def token_logprobs(tokenizer: Any, out: Any) -> list[TokenLogprob]:
+def token_logprobs(tokenizer: Tokenizer, out: RequestOutput) -> list[TokenLogprob]:
     """The step's tokens with their logprobs and, when asked, their alternatives. Text:
     the id decoded alone, specials included (OpenAI's token field; part of a UTF-8
     character reads U+FFFD). Bytes: the token's own (`Tokenizer.token_bytes`, for
     byte-level vocabularies; an added token's are its UTF-8), or None where the
     vocabulary has none (the encoder then sends the text's UTF-8)."""
-    cache = _pieces(tokenizer)
-    token_bytes = tokenizer.token_bytes if getattr(tokenizer, "is_byte_level", False) else None
 
     def one(t: int, lp: float, alts: tuple[TokenLogprob, ...] = ()) -> TokenLogprob:
-        piece = cache.get(t)
-        if piece is None:
-            raw = token_bytes(t) if token_bytes is not None else None
-            piece = cache[t] = (tokenizer.decode([t], skip_special_tokens=False), raw)
-        return TokenLogprob(piece[0], float(lp), alts, piece[1])
+        text, raw = tokenizer.piece(t)  # cached on the tokenizer
+        return TokenLogprob(text, float(lp), alts, raw)
 
     tops = out.top_logprobs or [()] * len(out.token_ids)
     return [

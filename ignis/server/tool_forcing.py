@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache
 from typing import Any
 
 from ignis.engine.constraint import OutputConstraint, token_index
@@ -52,14 +51,6 @@ def required_tools(choice: ToolChoice, tools: Sequence[FunctionTool]) -> tuple[s
 def call_prefix(name: str, parser: ParserConfig) -> str:
     """The opening of a call to `name`, up to its arguments."""
     return f'{parser.tool_start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
-
-
-@lru_cache(maxsize=16)
-def _single_id(tokenizer: Any, tag: str) -> int | None:
-    """The tag's id when the template's text of it is one token (else None); per
-    tokenizer and tag, once."""
-    ids = tokenizer.encode(tag, special=True, add_bos=False)
-    return ids[0] if len(ids) == 1 else None
 
 
 def constrain_output(
@@ -86,7 +77,7 @@ def constrain_output(
         return prompt, None
     think_start = think_end = None
     if parser.reasoning:
-        think_start, think_end = _single_id(tokenizer, parser.think_start), _single_id(tokenizer, parser.think_end)
+        think_start, think_end = tokenizer.single_token_id(parser.think_start), tokenizer.single_token_id(parser.think_end)
     if think_end is None:
         think_budget = None  # no block to close, or no single token to close it with
     if not names and think_budget is None:

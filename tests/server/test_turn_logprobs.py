@@ -143,39 +143,21 @@ def _not_utf8(raw: bytes) -> bool:
     return False
 
 
-def test_pieces_are_decoded_once_per_id(tok: Any) -> None:
-    class Counting:  # the real tokenizer, counting decodes
-        is_byte_level = True
-
-        def __init__(self) -> None:
-            self.decoded: list[list[int]] = []
-
-        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-            self.decoded.append(list(ids))
-            return tok.decode(ids, skip_special_tokens=skip_special_tokens)
-
-        def token_bytes(self, i: int) -> bytes:
-            return tok.token_bytes(i)
-
-    counting = Counting()
+def test_pieces_are_decoded_once_per_id(tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each id's (text, bytes) is decoded once per tokenizer (Tokenizer.piece caches it)."""
+    asked: list[int] = []
+    piece = tok.piece
+    monkeypatch.setattr(tok, "piece", lambda t: asked.append(t) or piece(t))
     out = RequestOutput("r", [70, 71], logprobs=[-0.1, -0.2], top_logprobs=[[(70, -0.1), (72, -3.0)], [(71, -0.2), (70, -1.0)]])
-    first = token_logprobs(counting, out)
-    assert token_logprobs(counting, out) == first
-    assert sorted(counting.decoded) == [[70], [71], [72]]
-    # the cache goes with its tokenizer
-    import gc
-    import weakref
-
-    gone = weakref.ref(counting)
-    del counting
-    gc.collect()
-    assert gone() is None
+    first = token_logprobs(tok, out)
+    assert token_logprobs(tok, out) == first and sorted(set(asked)) == [70, 71, 72]
+    assert piece(72) is piece(72)  # the same cached tuple: decoded once
 
 
 def test_no_byte_level_vocabulary_falls_back_to_the_text() -> None:
-    class Plain:
-        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-            return "\u2581h\u00e9"
+    class Plain:  # a vocabulary without token bytes (not byte-level BPE)
+        def piece(self, token_id: int) -> tuple[str, bytes | None]:
+            return "\u2581h\u00e9", None
 
     [t] = token_logprobs(Plain(), RequestOutput("r", [5], logprobs=[-0.25]))
     assert t.token_bytes is None and t.output_dict()["bytes"] == list("\u2581h\u00e9".encode())
