@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 import torch
 

@@ -38,9 +38,7 @@ _SHUTDOWN = "The server shut down before this completion finished (server.shutdo
 
 
 def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[ChatRequest, Prompt, SamplingParams]:
-    req = decode_chat_request_bytes(raw)
-    ctx.check_model(req.model)
-    req = ctx.with_defaults(req)
+    req = ctx.accept(decode_chat_request_bytes(raw))
     prompt, params = prepare_chat(ctx, req)
     return req, prompt, params
 

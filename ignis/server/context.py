@@ -8,7 +8,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ignis.config import ServerConfig
 from ignis.engine import AsyncEngine
@@ -23,6 +23,8 @@ from ignis.server.params import RequestDefaults
 __all__ = ["LiveSettings", "ServerContext", "LIVE_KEYS"]
 
 log = logging.getLogger("ignis.server")
+
+R = TypeVar("R")  # a decoded request: protocol's ResponsesRequest or ChatRequest
 
 # Keys PATCH /admin/config may change while the server runs (seconds, >= 0; 0 = off).
 LIVE_KEYS = ("request_timeout", "stream_timeout", "socket_idle_close")
@@ -100,15 +102,13 @@ class ServerContext:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
-    def with_defaults(self, request: Any) -> Any:
-        """A decoded request (Responses or chat) with the model's sampling defaults in the
-        fields it omits."""
+    def accept(self, request: R) -> R:
+        """A decoded request (Responses or chat) this server serves: its model checked
+        (404 ``model_not_found``), the model's sampling defaults in the fields it omits."""
+        if request.model not in self.model_names:
+            raise model_not_found(request.model, self.model_names)
         filled = self.defaults.fill(request.sampling)
         return request if filled is request.sampling else replace(request, sampling=filled)
-
-    def check_model(self, model: str) -> None:
-        if model not in self.model_names:
-            raise model_not_found(model, self.model_names)
 
     @staticmethod
     def seconds(value: float) -> float | None:

@@ -24,13 +24,21 @@ from ignis.server.context import ServerContext
 from ignis.server.errors import overloaded, refusal_response, shutting_down
 from ignis.server.render import Prompt
 from ignis.server.sse import open_sse
-from ignis.server.turn import Encoder, Event, Outcome, TurnEnding, client_closed, drive, timeout_message
+from ignis.server.turn import Emit, Encoder, Event, Outcome, TurnEnding, client_closed, drive, timeout_message
 
 log = logging.getLogger("ignis.server")
 
 
 async def _discard(events: list[Event]) -> None:
     return None
+
+
+def _sender(resp: Any, to_text: Callable[[list[Event]], str]) -> Emit:
+    """Events written to an open SSE response as `to_text` frames them."""
+    async def emit(events: list[Event]) -> None:
+        await resp.send(to_text(events))
+
+    return emit
 
 
 def _deadline(ctx: ServerContext, sse: bool, arrival: float) -> tuple[str, float | None, dict[str, Any]]:
@@ -79,13 +87,9 @@ async def run_turn(
     try:
         async with stream:
             resp = await open_sse(request) if sse else None
-            emit = _discard
-            if resp is not None:
-                async def emit(events: list[Event]) -> None:
-                    await resp.send(to_text(events))
-
-                if start is not None:
-                    await emit(start())
+            emit: Emit = _discard if resp is None else _sender(resp, to_text)
+            if resp is not None and start is not None:
+                await emit(start())
             outcome = await drive(stream, OutputParser(prompt.parser), encoder, emit, tokenizer=ctx.loaded.tokenizer,
                                   started=arrival, logprobs=params.logprobs, ending=ending, single_call=single_call)
             if resp is not None:

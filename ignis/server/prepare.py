@@ -4,7 +4,7 @@ Both endpoints and both transports come through here: the conversation is render
 (`render`), a demanded tool call's opening and a thinking budget become the engine's
 constraint (`tool_forcing`), a JSON format or strict tools become its grammar
 (`structured`), and the sampling fields, already filled with the served defaults
-(`ServerContext.with_defaults`), become `SamplingParams` fitted to the context
+(`ServerContext.accept`), become `SamplingParams` fitted to the context
 (`params`). Rendering and tokenizing are CPU work: callers run this off the event loop.
 """
 

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from sanic import HTTPResponse, Request
 
 from ignis.server.context import ServerContext
 from ignis.server.errors import json_response
 from ignis.server.http_turn import run_turn
+from ignis.engine import SamplingParams
 from ignis.server.prepare import prepare_response
+from ignis.server.render import Prompt
 from ignis.server.sse import responses_text
-from ignis.server.turn import TurnEnding
 from protocol.decode import decode_json, decode_request
 from protocol.request import ResponsesRequest
 from protocol.stream import ResponseStream
@@ -33,10 +33,8 @@ from protocol.stream import ResponseStream
 __all__ = ["create_response"]
 
 
-def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[ResponsesRequest, Any, Any]:
-    req = decode_request(decode_json(raw), transport="http", reasoning_key=ctx.reasoning_key)
-    ctx.check_model(req.model)
-    req = ctx.with_defaults(req)
+def _decode_and_prepare(ctx: ServerContext, raw: bytes) -> tuple[ResponsesRequest, Prompt, SamplingParams | None]:
+    req = ctx.accept(decode_request(decode_json(raw), transport="http", reasoning_key=ctx.reasoning_key))
     prompt, params = prepare_response(ctx, req)
     return req, prompt, params
 

@@ -317,11 +317,10 @@ class SocketSession:
                                      code="websocket_stream_limit_reached"), stream_id)
             return
         try:
-            self.ctx.check_model(ev.request.model)
+            ev = replace(ev, request=self.ctx.accept(ev.request))
         except Refusal as refusal:
             await self.error(refusal, stream_id)
             return
-        ev = replace(ev, request=self.ctx.with_defaults(ev.request))
         lane = self.lanes.get(stream_id)
         if lane is None:
             lane = self.lanes[stream_id] = Lane(stream_id)
