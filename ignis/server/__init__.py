@@ -8,7 +8,8 @@
     render.py             conversation -> prompt token ids (one path for both endpoints)
     params.py             sampling fields -> engine SamplingParams: served defaults, context fit
     tool_forcing.py       a demanded tool call's forced opening, the thinking budget
-    structured.py         the output grammar of a JSON format or strict tools
+    structured.py         the output grammar of a JSON format, strict and custom tools
+    freeform.py           a custom tool's Lark / regex grammar, held inside its JSON string
     admission.py          engine room for HTTP (else 503), the server-wide FIFO for sockets
     turn.py               one turn, any transport: engine outputs -> parser -> encoder events
     logprobs.py           per-token logprobs, put on the answer text they belong to
@@ -26,6 +27,7 @@
     errors.py             OpenAI's error envelope for every failure
     shutdown.py           SIGTERM: refuse new work, let running responses finish (grace), cancel, close 1001
     background.py         run a server in a thread of this process (tests, notebooks)
+    playground_routes.py  GET / (the Playground page and its files)
 """
 
 from ignis.server.app import create_app
