@@ -26,7 +26,7 @@ with each sampled token. Semantics:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import llguidance
@@ -57,6 +57,11 @@ class Grammar:
     kind: GrammarKind
     source: str
     compiled: str
+    # (tokenizer, matcher) built by `prepared` off the engine's thread; never advanced:
+    # each sequence starts from a copy (a Codex request's grammar takes ~4 ms to build,
+    # a copy ~2 us).
+    prototype: tuple[llguidance.LLTokenizer, llguidance.LLMatcher] | None = field(
+        default=None, compare=False, repr=False)
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str) -> Grammar:
@@ -88,6 +93,15 @@ class Grammar:
         if error:
             raise GrammarError(error)
 
+    def prepared(self, tokenizer: llguidance.LLTokenizer) -> Grammar:
+        """This grammar with its matcher for `tokenizer` built now (call it where the time
+        is not the engine's: the server's worker thread); GrammarError when it does not
+        compile."""
+        matcher = llguidance.LLMatcher(tokenizer, self.compiled, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(matcher.get_error())
+        return replace(self, prototype=(tokenizer, matcher))
+
     def validate(self) -> None:
         """SamplingParams.validate's check of the value itself (the compile is `check`)."""
         if self.kind not in ("json_schema", "json_object", "lark", "regex") or not isinstance(self.compiled, str):
@@ -118,7 +132,10 @@ class GrammarState:
 
     def __init__(self, grammar: Grammar, tokenizer: llguidance.LLTokenizer) -> None:
         self.grammar = grammar
-        self.matcher = llguidance.LLMatcher(tokenizer, grammar.compiled, log_level=0)
+        if grammar.prototype is not None and grammar.prototype[0] is tokenizer:
+            self.matcher = grammar.prototype[1].deep_copy()
+        else:
+            self.matcher = llguidance.LLMatcher(tokenizer, grammar.compiled, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
         self.num_tokens = 0  # tokens consumed: the output tokens so far

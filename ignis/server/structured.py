@@ -228,8 +228,7 @@ def output_grammar(
         body = " | ".join(alternatives)
     grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body), *rules, "WS: /[ \\t\\r\\n]+/"]))
     try:
-        grammar.check(lt)
+        return grammar.prepared(lt)  # its matcher built here, in the worker thread
     except GrammarError as exc:  # each schema compiled alone above: a tag or name the grammar cannot hold
         raise Refusal(f"The output grammar for this request does not compile: {exc}", param=None,
                       code="invalid_value") from None
-    return grammar

@@ -143,3 +143,18 @@ def test_refused_at_submit(tiny: LoadedModel) -> None:
     with pytest.raises(GrammarError):
         Grammar.lark("start: /a[b/").check()
     assert not engine.seqs
+
+
+def test_a_prepared_grammar_starts_each_sequence_from_a_copy(tiny: LoadedModel) -> None:
+    """`Grammar.prepared` builds the matcher in the caller's thread; every sequence starts
+    from a copy of it, so the prototype is never advanced and outputs are the same."""
+    lt = ll_tokenizer(tiny.tokenizer, tiny.config.vocab_size)
+    plain = Grammar.json_schema(SCHEMA)
+    prepared = plain.prepared(lt)
+    assert prepared == plain and prepared.prototype is not None
+    want = LLMEngine(tiny, CFG).generate([_prompt(tiny)], SamplingParams.greedy(80, grammar=plain))[0]
+    outs = LLMEngine(tiny, CFG).generate([_prompt(tiny)] * 2, SamplingParams.greedy(80, grammar=prepared))
+    assert [o.token_ids for o in outs] == [want.token_ids] * 2
+    jsonschema.validate(json.loads(outs[0].text), SCHEMA)
+    # The prototype is where every copy starts: nothing consumed.
+    assert prepared.prototype[1].deep_copy().consume_tokens(want.token_ids)
