@@ -22,7 +22,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from paged_batch import PagedBatch, make_paged_batch
+from tests.kernels.paged_batch import PagedBatch, make_paged_batch
 
 from kernels import paged_attention, paged_attention_ref
 from kernels.attention import TileConfig, paged_attention_triton, tile_config

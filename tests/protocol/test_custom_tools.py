@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from responses_sdk import check_grammar, wire
+from tests.protocol.responses_sdk import check_grammar, wire
 
 from protocol.decode import decode_item, decode_request
 from protocol.deltas import ToolCallArguments, ToolCallEnd, ToolCallStart, TextDelta

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from responses_sdk import validate_response
+from tests.protocol.responses_sdk import validate_response
 
 from protocol.chat_request import decode_chat_request
 from protocol.decode import decode_request

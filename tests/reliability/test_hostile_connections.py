@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from reliability_harness import check_envelope, wait_for, wait_healthy
-from server_harness import KEY, http
+from tests.reliability.reliability_harness import check_envelope, wait_for, wait_healthy
+from tests.server.server_harness import KEY, http
 
 REPO = Path(__file__).resolve().parents[2]
 RECEIVE = 2.0  # seconds

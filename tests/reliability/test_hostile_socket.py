@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from raw_ws import CONT, TEXT, RawSocket, deflate, frame, zeros_bomb
-from reliability_harness import TERMINAL, check_error_frame, wait_for, wait_healthy
-from server_harness import KEY
+from tests.reliability.raw_ws import CONT, TEXT, RawSocket, deflate, frame, zeros_bomb
+from tests.reliability.reliability_harness import TERMINAL, check_error_frame, wait_for, wait_healthy
+from tests.server.server_harness import KEY
 
 REPO = Path(__file__).resolve().parents[2]
 CREATE = {"type": "response.create", "model": "tiny", "input": "hi", "max_output_tokens": 1, "temperature": 0}

@@ -28,8 +28,8 @@ import httpx2 as httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from reliability_harness import TERMINAL, parse_sse
-from server_harness import KEY
+from tests.reliability.reliability_harness import TERMINAL, parse_sse
+from tests.server.server_harness import KEY
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE = 3.0

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from responses_sdk import check_grammar, validate_response
-from server_harness import Frames, client, http, make_config
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import Frames, client, http, make_config
 
 from ignis.config import SamplingDefaults
 from ignis.model import generation_config

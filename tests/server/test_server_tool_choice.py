@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 import pytest
-from responses_sdk import check_grammar, validate_response
-from server_harness import Frames, client, http
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import Frames, client, http
 
 from ignis.output_parser import ParserConfig
 from ignis.server.render import hermes_tools_block

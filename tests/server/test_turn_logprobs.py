@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import TypeAdapter
-from responses_sdk import check_grammar, validate_response
-from server_harness import client, http, make_config
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import client, http, make_config
 
 from ignis.engine import EngineFinish, RequestOutput
 from ignis.engine.outputs import EngineUsage
