@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.model.tokenizer_oracles import smollm2_template, smollm2_tokenizer, smollm2_transformers
-from tests.model.tiny_models import build_tiny_tokenizer
 
 from ignis.model.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, encode_chat
 from ignis.model.tokenizer import Tokenizer
+from tests.model.tiny_models import build_tiny_tokenizer
+from tests.model.tokenizer_oracles import smollm2_template, smollm2_tokenizer, smollm2_transformers
 
 transformers = pytest.importorskip("transformers")
 

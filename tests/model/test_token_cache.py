@@ -10,6 +10,10 @@ import json
 import random
 
 import pytest
+
+from ignis.model.chat_template import ChatTemplate, encode_chat
+from ignis.model.token_cache import TokenCache, TokenCount
+from ignis.model.tokenizer import Tokenizer
 from tests.model.tiny_models import (
     ADDED_TOKENS,
     CHAT_TEMPLATE,
@@ -18,10 +22,6 @@ from tests.model.tiny_models import (
     build_tiny_tokenizer,
 )
 from tests.model.tokenizer_oracles import TEXTS, smollm2_template, smollm2_tokenizer
-
-from ignis.model.chat_template import ChatTemplate, encode_chat
-from ignis.model.token_cache import TokenCache, TokenCount
-from ignis.model.tokenizer import Tokenizer
 
 
 def _metaspace_tokenizer(tmp_path, *, lstrip: bool = False) -> Tokenizer:

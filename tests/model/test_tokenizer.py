@@ -9,6 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from ignis.model.tokenizer import IncrementalDecoder, Tokenizer
+from tests.model.tiny_models import build_tiny_tokenizer
 from tests.model.tokenizer_oracles import (
     TEXTS,
     smollm2_original_pipeline,
@@ -16,9 +19,6 @@ from tests.model.tokenizer_oracles import (
     smollm2_transformers,
     write_tiny_gguf,
 )
-from tests.model.tiny_models import build_tiny_tokenizer
-
-from ignis.model.tokenizer import IncrementalDecoder, Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
+
 from tests.protocol.responses_sdk import check_grammar, validate_response
 from tests.server.server_harness import KEY, Frames, client, http, metric
 

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+
 from tests.protocol.responses_sdk import check_grammar, validate_response
 from tests.server.server_harness import http
 
