@@ -8,7 +8,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import sys  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -16,10 +15,6 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
-# Helper modules shared across test folders (server_harness, responses_sdk, tiny_models...).
-for _extra in ("server", "protocol", "model", "clients"):
-    if str(TESTS / _extra) not in sys.path:
-        sys.path.append(str(TESTS / _extra))
 
 SCRIPT = TESTS / "clients" / "script.yaml"
 
@@ -49,7 +44,7 @@ def build_server_tokenizer(path: Path) -> Path:
     import json
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from tiny_models import ADDED_TOKENS, CHAT_TEMPLATE, SENTENCES, SPECIAL_TOKENS
+    from tests.model.tiny_models import ADDED_TOKENS, CHAT_TEMPLATE, SENTENCES, SPECIAL_TOKENS
 
     corpus = list(SENTENCES)
     for line in CODEX_DATA.read_text().splitlines():
@@ -76,7 +71,7 @@ def build_server_tokenizer(path: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_server_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from ignis.model import load_model
-    from tiny_models import build_tiny_model
+    from tests.model.tiny_models import build_tiny_model
 
     path = tmp_path_factory.mktemp("server") / "tiny-qwen3"
     # Random weights; ids 0, 1, 2 are <|endoftext|>, <|im_start|>, <|im_end|> (trained first).
@@ -91,7 +86,7 @@ def start_server(tiny_server_model: Any) -> Iterator[Any]:
     """start_server(engine={...}, **server_keys) -> a running BackgroundServer, stopped at
     the end of the session (or by the test)."""
     from ignis.server.background import BackgroundServer
-    from server_harness import make_config
+    from tests.server.server_harness import make_config
 
     started: list[Any] = []
 
@@ -128,7 +123,7 @@ def scripted_server(scripted_model: Any) -> Iterator[Any]:
     """A real server over the scripted model on 127.0.0.1: key server_harness.KEY; answers
     to 'scripted' and 'fake-model' (the name in Codex's recorded catalog)."""
     from ignis.server.background import BackgroundServer
-    from server_harness import make_config
+    from tests.server.server_harness import make_config
 
     srv = BackgroundServer(make_config(engine={"num_kv_blocks": 8192, "max_num_seqs": 16}), scripted_model).start()
     yield srv

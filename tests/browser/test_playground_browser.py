@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from server_harness import KEY, http, metric
+from tests.server.server_harness import KEY, http, metric
 
 pytest.importorskip("playwright")
 from playwright.sync_api import Locator, Page, expect  # noqa: E402

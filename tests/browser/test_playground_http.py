@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ignis.server.playground_routes import PLAYGROUND_DIR
-from server_harness import http
+from tests.server.server_harness import http
 
 ASSETS = ["app.js", "connection.js", "pane.js", "settings.js", "transcript.js", "style.css"]
 

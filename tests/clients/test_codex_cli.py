@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from codex import SMALL_MODEL_INSTRUCTIONS, codex_home, run_codex
-from server_harness import KEY, ServedProcess
+from tests.clients.codex import SMALL_MODEL_INSTRUCTIONS, codex_home, run_codex
+from tests.server.server_harness import KEY, ServedProcess
 
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from server_harness import Frames, client
+from tests.server.server_harness import Frames, client
 
 EXEC = {
     "type": "function", "name": "exec_command", "description": "Run a shell command.",

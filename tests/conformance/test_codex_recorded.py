@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from responses_sdk import check_grammar, validate_event
-from server_harness import KEY, Frames, client, http
+from tests.protocol.responses_sdk import check_grammar, validate_event
+from tests.server.server_harness import KEY, Frames, client, http
 
 DATA = Path(__file__).resolve().parent.parent / "protocol" / "data" / "codex_requests.jsonl"
 RECORDED = [json.loads(line) for line in DATA.read_text().splitlines()]

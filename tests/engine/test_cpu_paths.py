@@ -65,8 +65,8 @@ def test_engine_matches_the_simple_generator_with_sliding_windows(tmp_path) -> N
     """A Qwen2 checkpoint with sliding-window layers through the engine (batched CPU
     attention, chunked prefill beside decodes) and through reference_generate.py (the
     kernels' reference, one prefill): the same greedy tokens."""
-    from reference_generate import generate
-    from tiny_models import build_tiny_model
+    from tests.model.reference_generate import generate
+    from tests.model.tiny_models import build_tiny_model
 
     from ignis.model import load_model
 

@@ -3,12 +3,7 @@ on the CPU so that the script cannot rot between device sessions."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from experiments.gpu import engine_check  # noqa: E402
+from experiments.gpu import engine_check
 
 
 def test_engine_check_runs_at_toy_sizes():

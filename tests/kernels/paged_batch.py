@@ -1,5 +1,6 @@
 """Random paged batches for the attention tests, experiments/bench_kernels.py and
-experiments/gpu/attention_check.py (both put this folder on sys.path).
+experiments/gpu/attention_check.py: the tests import it as tests.kernels.paged_batch, the
+two experiments put this folder on sys.path and import it as paged_batch.
 
 A batch is laid out exactly as `paged_attention_ref` documents. Cache rows that no
 sequence owns (the tail of each last block, spare blocks, and a guard block that a -1

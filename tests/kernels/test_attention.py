@@ -22,11 +22,11 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from paged_batch import PagedBatch, make_paged_batch
 
 from kernels import paged_attention, paged_attention_ref
 from kernels.attention import TileConfig, paged_attention_triton, tile_config
 from kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits, worth_splitting
+from tests.kernels.paged_batch import PagedBatch, make_paged_batch
 
 TOL = {
     torch.float32: dict(atol=1e-4, rtol=1e-4),

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizer_oracles import smollm2_template, smollm2_tokenizer, smollm2_transformers
-from tiny_models import build_tiny_tokenizer
 
 from ignis.model.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, encode_chat
 from ignis.model.tokenizer import Tokenizer
+from tests.model.tiny_models import build_tiny_tokenizer
+from tests.model.tokenizer_oracles import smollm2_template, smollm2_tokenizer, smollm2_transformers
 
 transformers = pytest.importorskip("transformers")
 
@@ -459,7 +459,7 @@ def test_injection_with_a_normalizing_tokenizer(tiny_dir: Path, tmp_path: Path) 
     """qwen2 GGUF vocabularies normalize to NFC; offsets of the markup still line up."""
     import unicodedata
 
-    from tokenizer_oracles import write_tiny_gguf
+    from tests.model.tokenizer_oracles import write_tiny_gguf
 
     tok = Tokenizer.from_gguf(write_tiny_gguf(tiny_dir, tmp_path, pre="qwen2"))
     template = ChatTemplate.from_hf_dir(tiny_dir)

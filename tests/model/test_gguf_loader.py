@@ -20,8 +20,8 @@ from ignis.model.embedded import smollm2_gguf_path
 from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights, unpermute_rope_rows
 from ignis.model.hf_loader import iter_hf_weights, read_hf_config
 from ignis.model.loader import build_model
-from paged_utils import flat_forward_logits, hf_logits, rel_err
-from tiny_models import build_tiny_gguf, build_tiny_model, llama_cpp_permute
+from tests.model.paged_utils import flat_forward_logits, hf_logits, rel_err
+from tests.model.tiny_models import build_tiny_gguf, build_tiny_model, llama_cpp_permute
 
 TOL = 1e-4
 PROMPT = list(range(3, 40))
@@ -96,7 +96,7 @@ def test_smollm2_metadata() -> None:
 def test_load_model_hf_dir_and_gguf_agree(tmp_path: Path) -> None:
     """load_model end to end (weights, tokenizer, chat template, eos ids) on one tiny
     checkpoint as an HF directory and as a GGUF file: the same chat gives the same ids."""
-    import reference_generate as generation
+    from tests.model import reference_generate as generation
 
     from ignis.model import load_model
 

@@ -21,9 +21,9 @@ import torch
 from ignis.model.hf_loader import config_from_hf_dict, iter_hf_weights, read_hf_config
 from ignis.model.loader import build_model
 from ignis.model.transformer import Transformer
-from paged_utils import flat_forward_logits, hf_logits, rel_err
-from reference_generate import generate
-from tiny_models import build_tiny_model
+from tests.model.paged_utils import flat_forward_logits, hf_logits, rel_err
+from tests.model.reference_generate import generate
+from tests.model.tiny_models import build_tiny_model
 
 TOL = 1e-4
 LLAMA3 = {

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from paged_utils import flat_forward_logits, rel_err
-from tiny_models import build_tiny_gguf, build_tiny_model
 
 from ignis.model.gguf_quant import decode_int4, decode_q8_0
 from ignis.model.loader import load_model
 from ignis.model.packed import Bf16Linear, Int4Linear, Int8Linear, resolve_weight_form
+from tests.model.paged_utils import flat_forward_logits, rel_err
+from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
 
 TOL_BF16 = 5e-2
 PROMPT = list(range(3, 40))

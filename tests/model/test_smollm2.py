@@ -18,8 +18,8 @@ import torch
 from ignis.model import LoadedModel, load_model
 from ignis.model.chat_template import encode_chat
 from ignis.model.embedded import smollm2_gguf_path
-from paged_utils import flat_forward_logits, hf_logits, rel_err
-from reference_generate import generate
+from tests.model.paged_utils import flat_forward_logits, hf_logits, rel_err
+from tests.model.reference_generate import generate
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -99,7 +99,7 @@ def test_flat_batch_equals_each_prompt_alone(ignis: LoadedModel, prompts: list[l
 
 
 def test_chat_helper(ignis: LoadedModel) -> None:
-    import reference_generate as generation
+    from tests.model import reference_generate as generation
 
     [answer] = generation.chat(ignis, [[{"role": "user", "content": QUESTIONS[0]}]], max_new_tokens=MAX_NEW)
     assert answer.text == "The capital of France is Paris."

@@ -10,18 +10,18 @@ import json
 import random
 
 import pytest
-from tiny_models import (
+
+from ignis.model.chat_template import ChatTemplate, encode_chat
+from ignis.model.token_cache import TokenCache, TokenCount
+from ignis.model.tokenizer import Tokenizer
+from tests.model.tiny_models import (
     ADDED_TOKENS,
     CHAT_TEMPLATE,
     SENTENCES,
     SPECIAL_TOKENS,
     build_tiny_tokenizer,
 )
-from tokenizer_oracles import TEXTS, smollm2_template, smollm2_tokenizer
-
-from ignis.model.chat_template import ChatTemplate, encode_chat
-from ignis.model.token_cache import TokenCache, TokenCount
-from ignis.model.tokenizer import Tokenizer
+from tests.model.tokenizer_oracles import TEXTS, smollm2_template, smollm2_tokenizer
 
 
 def _metaspace_tokenizer(tmp_path, *, lstrip: bool = False) -> Tokenizer:

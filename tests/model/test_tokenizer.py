@@ -9,16 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from tokenizer_oracles import (
+
+from ignis.model.tokenizer import IncrementalDecoder, Tokenizer
+from tests.model.tiny_models import build_tiny_tokenizer
+from tests.model.tokenizer_oracles import (
     TEXTS,
     smollm2_original_pipeline,
     smollm2_tokenizer,
     smollm2_transformers,
     write_tiny_gguf,
 )
-from tiny_models import build_tiny_tokenizer
-
-from ignis.model.tokenizer import IncrementalDecoder, Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -37,9 +37,10 @@ from protocol.deltas import (
 )
 from protocol.errors import Refusal
 from protocol.events import LOGPROB_FLOOR, TokenLogprob
-from protocol.response import Usage
 from protocol.sampling import SamplingFields
 from protocol.stream import StreamStateError
+from tests import fuzz
+from tests.protocol.chat_turns import TEXT_TURN, TOOL_TURN, USAGE
 
 COMPLETION = TypeAdapter(ChatCompletion)
 CHUNK = TypeAdapter(ChatCompletionChunk)
@@ -522,16 +523,7 @@ def test_same_conversation_as_responses():
 
 # ---------------------------------------------------------------------------- fuzzing
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**70), 2**70)
-    | st.sampled_from([10**400, -(10**400)])
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=20,
-)
+json_values = fuzz.json_values(max_leaves=20, text=8, keys=8, width=4, huge=True)
 
 _FIELD_NAMES = sorted(TOP_LEVEL_KEYS) + [
     "role", "content", "type", "text", "tool_calls", "tool_call_id", "function", "name", "arguments", "id",
@@ -540,12 +532,7 @@ _FIELD_NAMES = sorted(TOP_LEVEL_KEYS) + [
 
 
 def _check_refusal(r: Refusal) -> None:
-    assert isinstance(r, Refusal)
-    assert r.status == 400 and r.type == "invalid_request_error"
-    assert r.code
-    if r.code != "invalid_json":
-        assert isinstance(r.param, str)  # "" only for an unknown key named ""
-    json.dumps(r.envelope(), allow_nan=False)
+    fuzz.check_refusal(r, empty_param_ok=True)  # "" only for an unknown key named ""
 
 
 def _decode_or_refuse(body: Any) -> None:
@@ -575,47 +562,13 @@ def test_fuzz_raw_bytes(raw):
         _check_refusal(r)
 
 
-def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
-_GOOD_PATHS = _paths(good_body())
-
-
-@st.composite
-def mutated_bodies(draw):
-    body = good_body()
-    for _ in range(draw(st.integers(1, 3))):
-        where = draw(st.sampled_from(_GOOD_PATHS[1:]))
-        parent: Any = body
-        try:
-            for k in where[:-1]:
-                parent = parent[k]
-            last = where[-1]
-            parent[last]  # still there after an earlier mutation?
-        except (KeyError, IndexError, TypeError):
-            continue
-        if not isinstance(parent, (dict, list)):  # an earlier mutation made it a string
-            continue
-        action = draw(st.sampled_from(["replace", "delete", "add_key"]))
-        if action == "replace":
-            parent[last] = draw(json_values)
-        elif action == "delete":
-            del parent[last]
-        elif isinstance(parent, dict):
-            parent[draw(st.sampled_from(_FIELD_NAMES) | st.text(max_size=6))] = draw(json_values)
-    return body
+_GOOD_PATHS = fuzz.paths(good_body())
+mutated_bodies = fuzz.mutated_bodies(st.builds(good_body), values=json_values,
+                                     keys=st.sampled_from(_FIELD_NAMES) | st.text(max_size=6))
 
 
 @FUZZ
-@given(mutated_bodies())
+@given(mutated_bodies)
 def test_fuzz_mutated_good_bodies(body):
     _decode_or_refuse(body)
 
@@ -642,23 +595,10 @@ def test_huge_integer_number():
 
 # ============================================================================ responses
 
-USAGE = Usage(input_tokens=12, output_tokens=30, cached_tokens=8, reasoning_tokens=10)
-
 SCENARIOS: dict[str, list[Any]] = {
     "text": [TextDelta("Hello"), TextDelta(", world"), Finish("stop", USAGE)],
-    "reasoning_then_text": [ReasoningDelta("Let me "), ReasoningDelta("think."), TextDelta("42"), Finish("stop", USAGE)],
-    "tool_calls": [
-        ReasoningDelta("Two lookups."),
-        TextDelta("Checking."),
-        ToolCallStart("get_weather", "call_a"),
-        ToolCallArguments('{"city":'),
-        ToolCallArguments('"Paris"}'),
-        ToolCallEnd(),
-        ToolCallStart("get_time", "call_b"),
-        ToolCallArguments("{}"),
-        ToolCallEnd(),
-        Finish("stop", USAGE),
-    ],
+    "reasoning_then_text": TEXT_TURN,
+    "tool_calls": TOOL_TURN,
     "tool_call_only": [ToolCallStart("f", "call_x"), ToolCallArguments("{}"), Finish("stop", USAGE)],
     "length": [TextDelta("trunc"), Finish("length", USAGE)],
     "length_in_reasoning": [ReasoningDelta("hmm"), Finish("length", USAGE)],

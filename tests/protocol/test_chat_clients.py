@@ -14,22 +14,8 @@ from protocol.chat_response import ChatStream
 from protocol.conversation import ChatMessage, ToolCall
 from protocol.deltas import Finish, ReasoningDelta, TextDelta, ToolCallArguments, ToolCallEnd, ToolCallStart
 from protocol.errors import Refusal
-from protocol.response import Usage
+from tests.protocol.chat_turns import TEXT_TURN, TOOL_TURN, USAGE
 
-USAGE = Usage(input_tokens=12, output_tokens=30, cached_tokens=8, reasoning_tokens=10)
-TOOL_TURN = [
-    ReasoningDelta("Two lookups."),
-    TextDelta("Checking."),
-    ToolCallStart("get_weather", "call_a"),
-    ToolCallArguments('{"city":'),
-    ToolCallArguments('"Paris"}'),
-    ToolCallEnd(),
-    ToolCallStart("get_time", "call_b"),
-    ToolCallArguments("{}"),
-    ToolCallEnd(),
-    Finish("stop", USAGE),
-]
-TEXT_TURN = [ReasoningDelta("Let me "), ReasoningDelta("think."), TextDelta("42"), Finish("stop", USAGE)]
 
 def _client(handler):
     import httpx2 as httpx

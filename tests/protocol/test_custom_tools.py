@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from responses_sdk import check_grammar, wire
 
 from protocol.decode import decode_item, decode_request
 from protocol.deltas import ToolCallArguments, ToolCallEnd, ToolCallStart, TextDelta
 from protocol.items import CustomToolCall, CustomToolCallOutput, FunctionCall
 from protocol.responses_conversation import to_conversation
 from protocol.stream import ResponseStream
+from tests.protocol.responses_sdk import check_grammar, wire
 
 PATCH_GRAMMAR = 'start: "*** Begin Patch\\n" /(.|\\n)*/ "*** End Patch\\n"'
 TOOLS = [

@@ -3,7 +3,6 @@ that points somewhere (never another exception)."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from protocol.errors import Refusal
 from protocol.items import FunctionCall, FunctionCallOutput, InputText, Message, OutputText, Reasoning, ReasoningText, SummaryText
 from protocol.request import ResponsesRequest
 from protocol.socket_events import CancelEvent, CreateEvent, SocketError, decode_frame
+from tests import fuzz
 
 DATA = Path(__file__).parent / "data" / "codex_requests.jsonl"
 SEEDS = []
@@ -28,15 +28,8 @@ for _line in DATA.read_text().splitlines():
 for _b in SEEDS:  # every seed decodes as is
     decode_request(_b, transport="socket")
 
-json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([10**400, -(10**400)]),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12),
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
-    max_leaves=12,
-)
+json_scalars = fuzz.json_scalars(text=12, huge=True)
+json_values = fuzz.json_values(max_leaves=12, text=12, keys=8, width=4, huge=True)
 
 FIELD_NAMES = [
     "model", "input", "tools", "tool_choice", "text", "reasoning", "include", "temperature", "top_p",
@@ -45,16 +38,11 @@ FIELD_NAMES = [
 ]
 
 
-def assert_refusal_ok(r: Refusal) -> None:
-    assert r.status == 400 and r.type == "invalid_request_error" and r.message
-    assert r.param or r.code == "invalid_json", r
-
-
 def decode_or_refusal(body, transport="http"):
     try:
         req = decode_request(body, transport=transport)
     except Refusal as r:
-        assert_refusal_ok(r)
+        fuzz.check_refusal(r)
         return r
     assert isinstance(req, ResponsesRequest)
     return req
@@ -81,54 +69,23 @@ def test_arbitrary_known_fields(body):
     decode_or_refusal(body)
 
 
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
-
-
-@st.composite
-def mutated_bodies(draw):
-    body = copy.deepcopy(draw(st.sampled_from(SEEDS)))
-    for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(body) if p]
-        where = draw(st.sampled_from(paths))
-        parent = body
-        for k in where[:-1]:
-            parent = parent[k]
-        key = where[-1]
-        action = draw(st.sampled_from(["drop", "replace", "retype", "add"]))
-        if action == "drop":
-            del parent[key]
-        elif action == "replace":
-            parent[key] = draw(json_values)
-        elif action == "retype":
-            old = parent[key]
-            parent[key] = draw(st.sampled_from([None, 0, 1.5, True, "s", [], {}, [old], {"x": old}, str(old)]))
-        elif isinstance(parent, dict):
-            parent[draw(st.text(min_size=1, max_size=8))] = draw(json_values)
-        else:
-            parent.append(draw(json_values))
-    return body
+# Codex's recorded bodies, a few keys at a time dropped, replaced, retyped or added to.
+mutated_bodies = fuzz.mutated_bodies(st.sampled_from(SEEDS), values=json_values, keys=st.text(min_size=1, max_size=8))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutated_bodies(), st.sampled_from(["http", "socket"]))
+@given(mutated_bodies, st.sampled_from(["http", "socket"]))
 def test_mutated_real_bodies(body, transport):
     decode_or_refusal(body, transport)
 
 
 @FAST
-@given(st.one_of(st.text(max_size=40), st.binary(max_size=40), mutated_bodies().map(lambda b: json.dumps(dict(b, type="response.create")))))
+@given(st.one_of(st.text(max_size=40), st.binary(max_size=40), mutated_bodies.map(lambda b: json.dumps(dict(b, type="response.create")))))
 def test_frames_never_raise(data):
     ev = decode_frame(data)
     assert isinstance(ev, (CreateEvent, CancelEvent, SocketError))
     if isinstance(ev, SocketError):
-        assert_refusal_ok(ev.refusal)
+        fuzz.check_refusal(ev.refusal)
 
 
 # --- round trips ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from protocol.errors import Refusal
 from protocol.socket_events import CancelEvent, CreateEvent, SocketError, decode_frame, error_event
 from protocol.stream import ResponseStream
-from responses_sdk import WS_EVENT, check_grammar, validate_event, wire
+from tests.protocol.responses_sdk import WS_EVENT, check_grammar, validate_event, wire
 
 
 def frame(**kw):

@@ -17,7 +17,7 @@ from protocol.errors import Refusal
 from protocol.events import LOGPROB_FLOOR, TokenLogprob, dumps, refusal_stream_error, sse, stream_error_event, wire_logprob
 from protocol.response import Usage
 from protocol.stream import ResponseStream, StreamStateError
-from responses_sdk import check_grammar, validate_event, validate_response
+from tests.protocol.responses_sdk import check_grammar, validate_event, validate_response
 
 TOOLS = [
     {"type": "function", "name": "exec_command", "description": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}, "strict": False},

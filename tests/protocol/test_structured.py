@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from responses_sdk import validate_response
 
 from protocol.chat_request import decode_chat_request
 from protocol.decode import decode_request
@@ -15,6 +14,7 @@ from protocol.errors import Refusal
 from protocol.response import Usage
 from protocol.stream import ResponseStream
 from protocol.structured import TextFormat, check_strict_schema
+from tests.protocol.responses_sdk import validate_response
 
 STRICT = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
                                            "c": {"type": "array", "items": {"$ref": "#/$defs/item"}}},

@@ -12,7 +12,7 @@ import struct
 import zlib
 from typing import Any
 
-from server_harness import KEY
+from tests.server.server_harness import KEY
 
 TEXT, BINARY, CONT, CLOSE = 0x1, 0x2, 0x0, 0x8
 _TAIL = b"\x00\x00\xff\xff"

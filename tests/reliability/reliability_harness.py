@@ -12,7 +12,7 @@ from typing import Any
 import httpx2 as httpx
 from websockets.sync.client import connect
 
-from server_harness import KEY
+from tests.server.server_harness import KEY
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 ENVELOPE = {"message", "type", "param", "code"}

@@ -20,8 +20,8 @@ from collections import Counter
 
 import httpx2 as httpx
 
-from reliability_harness import TERMINAL, loop_tasks, recv_json, thread_names, wait_for, wait_idle, ws_connect
-from server_harness import KEY, metric
+from tests.reliability.reliability_harness import TERMINAL, loop_tasks, recv_json, thread_names, wait_for, wait_idle, ws_connect
+from tests.server.server_harness import KEY, metric
 
 CANCELS = 200
 SOCKET_WORKERS = 6

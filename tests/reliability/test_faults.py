@@ -16,7 +16,7 @@ import time
 
 import httpx2 as httpx
 
-from reliability_harness import (
+from tests.reliability.reliability_harness import (
     TERMINAL,
     check_envelope,
     check_error_frame,
@@ -26,7 +26,7 @@ from reliability_harness import (
     wait_idle,
     ws_connect,
 )
-from server_harness import KEY, http, metric
+from tests.server.server_harness import KEY, http, metric
 
 POISON = 0.123
 

@@ -33,9 +33,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.socket_events import CancelEvent, CreateEvent, SocketError, decode_frame
-from reliability_harness import TERMINAL, check_envelope, check_error_frame, recv_json, wait_idle, ws_connect
-from responses_sdk import WS_EVENT, validate_event, wire
-from server_harness import KEY
+from tests.fuzz import json_values, paths
+from tests.reliability.reliability_harness import TERMINAL, check_envelope, check_error_frame, recv_json, wait_idle, ws_connect
+from tests.protocol.responses_sdk import WS_EVENT, validate_event, wire
+from tests.server.server_harness import KEY
 
 DATA = Path(__file__).resolve().parent.parent / "protocol" / "data" / "codex_requests.jsonl"
 RECORDED = [json.loads(line) for line in DATA.read_text().splitlines()]
@@ -62,12 +63,7 @@ def fuzz_srv(start_server):
 
 # -- hypothesis strategies: the shape of the API, with arbitrary JSON anywhere ---------
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=8,
-)
+JSON = json_values(max_leaves=8, text=12, keys=8, width=3, huge=False)
 TEXT = st.text(max_size=24) | st.sampled_from(CONTROL) | st.builds(lambda a, b: a + b, st.sampled_from(CONTROL),
                                                                  st.text(max_size=8))
 
@@ -274,17 +270,6 @@ INTERESTING = [None, True, False, 0, -1, 1, 2, 2**31, 2**63, 2**64, -(2**63), 1e
                *CONTROL]
 
 
-def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 def _get(obj: Any, path: tuple) -> Any:
     for p in path:
         obj = obj[p]
@@ -304,7 +289,7 @@ def _random_json(rng: random.Random, depth: int = 0) -> Any:
 def mutate(rng: random.Random, base: dict[str, Any]) -> bytes:
     obj = copy.deepcopy(base)
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
-        path = rng.choice(_paths(obj))
+        path = rng.choice(paths(obj))
         parent = _get(obj, path[:-1]) if path else None
         node = _get(obj, path)
         op = rng.random()

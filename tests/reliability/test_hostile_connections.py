@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from reliability_harness import check_envelope, wait_for, wait_healthy
-from server_harness import KEY, http
+from tests.reliability.reliability_harness import check_envelope, wait_for, wait_healthy
+from tests.server.server_harness import KEY, free_port, http
 
 REPO = Path(__file__).resolve().parents[2]
 RECEIVE = 2.0  # seconds
@@ -146,9 +146,7 @@ def test_disconnects_are_quiet(strict, caplog):
 
 
 def test_sigterm_with_slow_clients_is_quiet(tiny_server_model):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, IGNIS_API_KEY=KEY)
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.Popen(

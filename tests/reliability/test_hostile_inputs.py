@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from reliability_harness import TERMINAL, check_envelope, check_error_frame, recv_json, wait_idle, ws_connect
-from server_harness import http
+from tests.reliability.reliability_harness import TERMINAL, check_envelope, check_error_frame, recv_json, wait_idle, ws_connect
+from tests.server.server_harness import http
 
 CONTEXT = 256
 HUGE_K = [2**31 - 1 + 1, 2**40, 2**64 - 1, 4096 + 16, 10**30]

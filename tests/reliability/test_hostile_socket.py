@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from raw_ws import CONT, TEXT, RawSocket, deflate, frame, zeros_bomb
-from reliability_harness import TERMINAL, check_error_frame, wait_for, wait_healthy
-from server_harness import KEY
+from tests.reliability.raw_ws import CONT, TEXT, RawSocket, deflate, frame, zeros_bomb
+from tests.reliability.reliability_harness import TERMINAL, check_error_frame, wait_for, wait_healthy
+from tests.server.server_harness import KEY, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CREATE = {"type": "response.create", "model": "tiny", "input": "hi", "max_output_tokens": 1, "temperature": 0}
@@ -132,9 +131,7 @@ class _Srv:
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_inflated_frames_do_not_stay(tiny_server_model):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, IGNIS_API_KEY=KEY)
     env.pop("TRITON_INTERPRET", None)
     log = tempfile.TemporaryFile(mode="w+")

@@ -18,8 +18,8 @@ import socket
 
 import pytest
 
-from reliability_harness import check_envelope, recv_json, wait_idle, ws_connect
-from server_harness import KEY, http
+from tests.reliability.reliability_harness import check_envelope, recv_json, wait_idle, ws_connect
+from tests.server.server_harness import KEY, http
 
 HI = {"model": "tiny", "input": "hi", "max_output_tokens": 1, "temperature": 0}
 

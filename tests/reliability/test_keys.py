@@ -16,8 +16,8 @@ import time
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from reliability_harness import check_envelope, recv_json, ws_connect
-from server_harness import KEY, http
+from tests.reliability.reliability_harness import check_envelope, recv_json, ws_connect
+from tests.server.server_harness import KEY, http
 
 # Authorization headers that must not get in (None: no header).
 WRONG = [None, "Bearer sk-wrong", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"Bearer {KEY.upper()}", "Bearer",

@@ -12,8 +12,8 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from reliability_harness import TERMINAL, check_envelope, check_error_frame, parse_sse, recv_json, wait_idle, ws_connect
-from server_harness import client, http
+from tests.reliability.reliability_harness import TERMINAL, check_envelope, check_error_frame, parse_sse, recv_json, wait_idle, ws_connect
+from tests.server.server_harness import client, http
 
 LIMIT = 64 * 1024
 CONTEXT = 256

@@ -26,8 +26,8 @@ import time
 import httpx2 as httpx
 from websockets.asyncio.client import connect
 
-from reliability_harness import TERMINAL, wait_for, wait_idle, ws_connect
-from server_harness import KEY, http, metric
+from tests.reliability.reliability_harness import TERMINAL, wait_for, wait_idle, ws_connect
+from tests.server.server_harness import KEY, http, metric
 
 SOCKETS = 32
 LANES = 16

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,20 +27,14 @@ import httpx2 as httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from reliability_harness import TERMINAL, parse_sse
-from server_harness import KEY
+from tests.reliability.reliability_harness import TERMINAL, parse_sse
+from tests.server.server_harness import KEY, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE = 3.0
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 LONG = 100000  # tokens: runs until cancelled
 SHORT = 150  # tokens: ends well within the grace period
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _in_flight(base: str) -> float:
@@ -101,7 +94,7 @@ class Socket(threading.Thread):
 
 
 def test_sigterm_drains_then_cancels(tiny_server_model):
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, IGNIS_API_KEY=KEY)
     env.pop("TRITON_INTERPRET", None)  # the product runs the torch references on a CPU anyway

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -18,6 +19,13 @@ TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 WS_EVENT = TypeAdapter(ResponsesServerEvent)
 # Greedy decoding of the tiny model never emits EOS on ordinary prompts: long runs.
 LONG = {"temperature": 0, "max_output_tokens": 20000}
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 just now (for a server in a subprocess)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def make_config(*, engine: dict | None = None, **server: Any) -> IgnisConfig:
@@ -102,13 +110,10 @@ class ServedProcess:
 
     def __init__(self, *overrides: str, key: str = KEY, start_timeout: float = 180) -> None:
         import os
-        import socket
         import sys
         from pathlib import Path
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         env = dict(os.environ, IGNIS_API_KEY=key)
         env.pop("TRITON_INTERPRET", None)  # the product runs the torch references on a CPU anyway
         self.args = [sys.executable, "-m", "ignis.serve", *overrides, f"server.port={port}"]

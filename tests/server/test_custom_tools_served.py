@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from responses_sdk import validate_response
-from server_harness import http
-from test_freeform import APPLY_PATCH
+
+from tests.protocol.responses_sdk import validate_response
+from tests.server.grammars import APPLY_PATCH
+from tests.server.server_harness import http
 
 PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
               "format": {"type": "grammar", "syntax": "lark", "definition": APPLY_PATCH}}

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from responses_sdk import check_grammar, validate_response
-from server_harness import Frames, client, http, make_config
 
 from ignis.config import SamplingDefaults
 from ignis.model import generation_config
 from ignis.server.params import RequestDefaults
 from protocol.sampling import SamplingFields
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import Frames, client, http, make_config
 
 
 def test_resolution_order_and_sources():

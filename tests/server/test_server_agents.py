@@ -8,7 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from server_harness import KEY
+from tests.server.server_harness import KEY
 
 agents = pytest.importorskip("agents")
 

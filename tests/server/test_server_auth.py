@@ -11,7 +11,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from server_harness import KEY, Frames, client, http
+from tests.server.server_harness import KEY, Frames, client, http
 
 ROUTES = [
     ("POST", "/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 1}),

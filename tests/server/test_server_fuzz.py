@@ -8,13 +8,10 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server_harness import http
+from tests.fuzz import json_values
+from tests.server.server_harness import http
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
-    max_leaves=12,
-)
+JSON = json_values(max_leaves=12, text=20, keys=10, width=4, huge=False)
 RESPONSES = {"model": "tiny", "input": [{"role": "user", "content": "hi"}], "temperature": 0.5, "top_p": 0.9,
              "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}],
              "tool_choice": "auto", "reasoning": {"effort": "low"}, "text": {"format": {"type": "text"}},

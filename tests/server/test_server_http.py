@@ -12,8 +12,8 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import TypeAdapter
 
-from responses_sdk import check_grammar, validate_event, validate_response
-from server_harness import KEY, LONG, client, http, metric
+from tests.protocol.responses_sdk import check_grammar, validate_event, validate_response
+from tests.server.server_harness import KEY, LONG, client, http, metric
 
 CHAT = TypeAdapter(ChatCompletion)
 CHUNK = TypeAdapter(ChatCompletionChunk)

@@ -11,7 +11,7 @@ from ignis.model.tokenizer import Tokenizer
 from ignis.server.render import Renderer
 from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice
 from protocol.errors import Refusal
-from tiny_models import CHAT_TEMPLATE, build_tiny_tokenizer
+from tests.model.tiny_models import CHAT_TEMPLATE, build_tiny_tokenizer
 
 TOOLS = [FunctionTool("get_weather", "The weather", {"type": "object", "properties": {"city": {"type": "string"}}})]
 HISTORY = [
@@ -102,7 +102,7 @@ def _codex_conversations():
 def test_token_cache_renders_codex_conversations_to_the_same_ids(tokenizer, which):
     """Every recorded Codex conversation: the renderer's token cache (cold, then warm)
     gives the ids of tokenizing the whole prompt, and a repeat tokenizes only the tail."""
-    from tokenizer_oracles import smollm2_template, smollm2_tokenizer
+    from tests.model.tokenizer_oracles import smollm2_template, smollm2_tokenizer
 
     tok, template = (tokenizer, ChatTemplate(CHAT_TEMPLATE)) if which == "tiny" else (
         smollm2_tokenizer(), smollm2_template())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from server_harness import KEY, Frames, ServedProcess
+from tests.server.server_harness import KEY, Frames, ServedProcess
 
 QUESTION = "What is the capital of France?"
 SYSTEM = ("You are a helpful assistant. You answer questions about geography in one short sentence, "

@@ -11,8 +11,8 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 
-from responses_sdk import check_grammar
-from server_harness import LONG, Frames, client, http, metric, of_stream
+from tests.protocol.responses_sdk import check_grammar
+from tests.server.server_harness import LONG, Frames, client, http, metric, of_stream
 
 DEV = "You are a coding agent. Follow the instructions of the user exactly and keep answers short. " * 6
 

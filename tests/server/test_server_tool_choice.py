@@ -11,8 +11,6 @@ import json
 from typing import Any
 
 import pytest
-from responses_sdk import check_grammar, validate_response
-from server_harness import Frames, client, http
 
 from ignis.output_parser import ParserConfig
 from ignis.server.render import hermes_tools_block
@@ -20,6 +18,8 @@ from ignis.server.tool_forcing import call_prefix, constrain_output, required_to
 from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice
 from protocol.decode import decode_request
 from protocol.responses_conversation import to_conversation
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import Frames, client, http
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather in a city.", "parameters": PARAMS},

@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
-from responses_sdk import check_grammar, validate_response
-from server_harness import KEY, Frames, client, http, metric
+
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import KEY, Frames, client, http, metric
 
 TWO_CALLS = "What is the weather in Oslo and in Rome?"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",

@@ -10,8 +10,9 @@ import json
 from typing import Any
 
 import pytest
-from responses_sdk import check_grammar, validate_response
-from server_harness import http
+
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import http
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import TypeAdapter
-from responses_sdk import check_grammar, validate_response
-from server_harness import client, http, make_config
 
 from ignis.engine import EngineFinish, RequestOutput
 from ignis.engine.outputs import EngineUsage
@@ -27,6 +25,8 @@ from ignis.server.turn import drive
 from protocol.chat_response import ChatStream
 from protocol.deltas import ReasoningDelta, TextDelta, ToolCallStart
 from protocol.events import TokenLogprob
+from tests.protocol.responses_sdk import check_grammar, validate_response
+from tests.server.server_harness import client, http, make_config
 
 
 @pytest.fixture(scope="module")
