@@ -138,13 +138,7 @@ def coalesce(deltas: Iterable[Delta]) -> list[Delta]:
     out: list[Delta] = []
     for d in deltas:
         t = type(d)
-        if t is ReasoningDelta:
-            if not d.text:
-                continue
-            if out and type(out[-1]) is ReasoningDelta:
-                out[-1] = ReasoningDelta(out[-1].text + d.text)
-                continue
-        elif t is TextDelta:
+        if t is TextDelta:
             if not d.text and not d.logprobs:
                 continue
             if out and type(out[-1]) is TextDelta:
@@ -152,11 +146,13 @@ def coalesce(deltas: Iterable[Delta]) -> list[Delta]:
                 lp = None if prev.logprobs is None and d.logprobs is None else (prev.logprobs or ()) + (d.logprobs or ())
                 out[-1] = TextDelta(prev.text + d.text, lp)
                 continue
-        elif t is ToolCallArguments:
-            if not d.chunk:
+        elif t is ReasoningDelta or t is ToolCallArguments:  # one string each: text, chunk
+            piece = d.text if t is ReasoningDelta else d.chunk
+            if not piece:
                 continue
-            if out and type(out[-1]) is ToolCallArguments:
-                out[-1] = ToolCallArguments(out[-1].chunk + d.chunk)
+            if out and type(out[-1]) is t:
+                last = out[-1]
+                out[-1] = t((last.text if t is ReasoningDelta else last.chunk) + piece)
                 continue
         out.append(d)
     return out

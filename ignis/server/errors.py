@@ -96,22 +96,16 @@ def model_not_found(model: str, served: tuple[str, ...]) -> Refusal:
 
 
 def context_too_long(tokens: int, limit: int, param: str) -> Refusal:
-    return Refusal(
-        f"This model's maximum context length is {limit} tokens; your {param} has {tokens} tokens "
-        "(the context must also hold at least one output token).",
-        param=param,
-        code="context_length_exceeded",
-    )
+    return Refusal(f"This model's maximum context length is {limit} tokens; your {param} has {tokens} tokens "
+                   "(the context must also hold at least one output token).", param=param,
+                   code="context_length_exceeded")
 
 
 def text_too_long(chars: int, max_tokens: int, param: str) -> Refusal:
     """Refused before tokenizing: `chars` characters cannot fit in `max_tokens` tokens."""
-    return Refusal(
-        f"This model's maximum context length is {max_tokens} prompt tokens; your {param} renders to {chars} "
-        "characters, more than that many tokens can hold.",
-        param=param,
-        code="context_length_exceeded",
-    )
+    return Refusal(f"This model's maximum context length is {max_tokens} prompt tokens; your {param} renders to "
+                   f"{chars} characters, more than that many tokens can hold.", param=param,
+                   code="context_length_exceeded")
 
 
 _STATUS_CODES = {

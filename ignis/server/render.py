@@ -189,18 +189,9 @@ class Renderer:
 
     # -- rendering ------------------------------------------------------------------
 
-    def encode(
-        self,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[FunctionTool],
-        choice: ToolChoice,
-        *,
-        thinking: bool | None = None,
-        generation: bool = True,
-        param: str = "input",
-        count: TokenCount | None = None,
-        max_tokens: int | None = None,
-    ) -> list[int]:
+    def _encode(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool], choice: ToolChoice,
+                count: TokenCount, *, thinking: bool | None, generation: bool, param: str,
+                max_tokens: int | None) -> list[int]:
         """The prompt's ids; raises `PromptTooLong` (before tokenizing) when the rendered text
         has more characters than `max_tokens` of the longest token could cover."""
         msgs, native = self.adapt(messages, tools, choice)
@@ -245,8 +236,8 @@ class Renderer:
         def encode() -> list[int]:
             nonlocal over
             try:
-                out = self.encode(messages, tools, choice, thinking=thinking, generation=generation, param=param,
-                                  count=count, max_tokens=max_tokens)
+                out = self._encode(messages, tools, choice, count, thinking=thinking, generation=generation,
+                                   param=param, max_tokens=max_tokens)
             except PromptTooLong as exc:
                 over = exc
                 return []
