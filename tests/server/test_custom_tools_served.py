@@ -55,3 +55,20 @@ def test_grammars_a_client_cannot_use_are_400s(scripted_server: Any, definition:
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "tools[1].format.definition" and words in err["message"].lower(), err
+
+
+@pytest.mark.parametrize(("definition", "status"), [
+    ("start: /" + "(" * 240 + "a" + ")" * 240 + "/", 400),  # the rewrite nests past llguidance's limit
+    ("start: /a{0,65535}/ /.{0,5000}/", 200),  # huge counted repetitions: rules, not 65k copies
+])
+def test_hostile_grammars_are_answered_not_choked_on(scripted_server: Any, definition: str, status: int) -> None:
+    """A client's grammar is input: nesting too deep is a 400 saying so; huge repetition
+    counts compile at once and the response comes back; the server serves on."""
+    tool = {"type": "custom", "name": "t", "format": {"type": "grammar", "syntax": "lark", "definition": definition}}
+    r = post(scripted_server, "Say hi", [tool], max_output_tokens=8)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert "nested" in r.json()["error"]["message"]
+    else:
+        validate_response(r.json())
+    assert post(scripted_server, "Say hi", [EXEC]).status_code == 200  # the server serves on
