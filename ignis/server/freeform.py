@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover
     import sre_constants as sre_c  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
-__all__ = ["FreeformError", "escape_lark", "json_string_rule", "regex_expr"]
+__all__ = ["FreeformError", "escape_lark", "json_string_rule", "regex_expr", "regex_literal"]
 
 
 class FreeformError(ValueError):
@@ -75,6 +75,11 @@ def _class_char(c: str) -> str:
     if ord(c) < 0x20 or c == "\x7f":
         return f"\\x{ord(c):02X}"
     return c
+
+
+def regex_literal(text: str) -> str:
+    """`text` as a Rust regex (inside ``/.../``) that matches it literally."""
+    return "".join(_class_char(c) for c in text)
 
 
 _CATEGORIES = {

@@ -36,7 +36,7 @@ from typing import Any
 
 from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
 from ignis.output_parser import ParserConfig
-from ignis.server.freeform import FreeformError, json_string_rule
+from ignis.server.freeform import FreeformError, json_string_rule, regex_literal
 from ignis.server.tool_forcing import required_tools
 from protocol.conversation import FunctionTool, ToolChoice
 from protocol.errors import Refusal
@@ -99,7 +99,7 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
     for k, tool in enumerate(tools):
         if tool.is_custom:
             rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
-            rules.append(f"input_{k}: {_custom_input(tool, lt, tool_param)}")
+            rules.append(f"input_{k}: {_custom_input(tool, lt)}")
         else:
             schema = tool.parameters if tool.strict and tool.parameters else _ANY_OBJECT
             if tool.strict and tool.parameters:
@@ -114,13 +114,13 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
     return rules
 
 
-def _custom_input(tool: FunctionTool, lt: Any, tool_param: Callable[[str], str]) -> str:
+def _custom_input(tool: FunctionTool, lt: Any) -> str:
     """The rule body of a custom tool's input (a JSON string its format accepts). A
     grammar llguidance rejects, or one that cannot be held inside a JSON string, is the
     client's: 400 at its definition."""
     fmt = tool.format
     assert fmt is not None
-    where = tool_param(tool.name).rsplit(".", 1)[0] + ".format.definition"
+    where = f"{tool.where or 'tools'}.format.definition"
     if fmt.syntax is not None:
         try:
             own = Grammar.lark(fmt.definition or "") if fmt.syntax == "lark" else Grammar.regex(fmt.definition or "")
@@ -156,7 +156,7 @@ def _lazy_calls(parser: ParserConfig, tokenizer: Any, parallel: bool) -> tuple[s
     lexeme (free text up to its first occurrence). Free text never holds the tag's text,
     so whatever the output parser would read as a call is one the grammar held."""
     start = _tag(parser.tool_start, tokenizer)
-    free = f"/(.|\\n)*/ & ~/(?s:.*){_regex_literal(parser.tool_start)}(?s:.*)/"
+    free = f"/(.|\\n)*/ & ~/(?s:.*){regex_literal(parser.tool_start)}(?s:.*)/"
     if start.startswith("<["):
         rules = [f"opened: TEXT {start} call_body"]
     else:
@@ -165,11 +165,6 @@ def _lazy_calls(parser: ParserConfig, tokenizer: Any, parallel: bool) -> tuple[s
     if parallel:
         return "(opened)* TEXT", rules
     return "TEXT | opened WS?", rules
-
-
-def _regex_literal(text: str) -> str:
-    """`text` as a regex matching it literally (inside /.../)."""
-    return "".join("\\" + c if c in "\\.+*?()|[]{}^$#&-~/" else c for c in text)  # Rust's meta characters
 
 
 def output_grammar(
