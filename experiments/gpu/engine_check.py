@@ -21,6 +21,7 @@ same code at toy sizes on a CPU, and the dry run builds all of it without a step
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -160,14 +161,14 @@ CALL = b'<tool_call>\n{"name": "get_weather", "arguments": '
 
 
 def check_constrained(loaded, device: str, batch: int = 8, steps: int = 64) -> dict:
-    """The paths a plain decode never takes, on this device: half the rows forced to open
-    a tool call (the sampler's masking: ids and byte-ordered ranges uploaded, scattered
-    into a mask), sampled at temperature 1 with 5 top logprobs, beside free greedy rows.
+    """The paths a plain decode never takes, on this device: half the rows held by a grammar
+    to open a tool call (llguidance's bitmasks uploaded and applied by kernels.token_mask),
+    sampled at temperature 1 with 5 top logprobs, beside free greedy rows.
     ok = every forced row starts with the call, every free row equals its run alone, and
     every alternatives list is sorted and holds the sampled token's logprob when present."""
     from ignis.config import EngineConfig, KernelBackend
     from ignis.engine import LLMEngine, SamplingParams
-    from ignis.engine.constraint import OutputConstraint
+    from ignis.engine.grammar import Grammar
 
     # Enough tokens for the call spelt a byte at a time (a random model picks short pieces).
     cfg = EngineConfig(kernel_backend=KernelBackend.auto, max_num_seqs=batch, num_kv_blocks=batch * 8 + 8,
@@ -176,7 +177,7 @@ def check_constrained(loaded, device: str, batch: int = 8, steps: int = 64) -> d
     prompts = [torch.randint(3, min(40000, loaded.config.vocab_size), (32,), generator=gen).tolist()
                for _ in range(batch)]
     forced = SamplingParams(max_tokens=steps, temperature=1.0, seed=7, ignore_eos=True, top_logprobs=5,
-                            constraint=OutputConstraint((CALL,)))
+                            grammar=Grammar.lark(f"start: {json.dumps(CALL.decode())} /(.|\\n)*/"))
     free = SamplingParams.greedy(steps, ignore_eos=True)
     params = [forced if i % 2 == 0 else free for i in range(batch)]
     sync(device)
@@ -199,8 +200,8 @@ def check_constrained(loaded, device: str, batch: int = 8, steps: int = 64) -> d
     alone = LLMEngine(loaded, cfg).generate([prompts[1]], free)[0]
     if alone.token_ids != outs[1].token_ids:
         problems.append("a free row changed beside forced ones")
-    return {"op": "engine forced + top_logprobs", "shape": f"bs={batch} ({batch // 2} forced) x {steps}",
-            "ms": ms, "gbs": None, "frac_bw": None, "vs": "; ".join(problems) or "forced rows open the call",
+    return {"op": "engine grammar + top_logprobs", "shape": f"bs={batch} ({batch // 2} forced) x {steps}",
+            "ms": ms, "gbs": None, "frac_bw": None, "vs": "; ".join(problems) or "grammar rows open the call",
             "max_err": None, "ok": not problems}
 
 
@@ -235,14 +236,14 @@ def cases(ctx: Context, batches: tuple[int, ...] = (1, 64, 256), steps: int = 32
     out = [Case("engine decode step", f"{shape} bs={b} ctx~{prompt_len}",
                 lambda c, b=b: _batch_row(_model(device, c.small), b, steps, device, c.small, c.copy_gbs, prompt_len),
                 "wall clock over whole steps", "forward alone; copy bandwidth") for b in batches]
-    out.append(Case("engine forced + top_logprobs", "bs=8 (4 forced) x 64",
+    out.append(Case("engine grammar + top_logprobs", "bs=8 (4 forced) x 64",
                     lambda c: check_constrained(_model(device, c.small), device), "wall clock", "free rows alone"))
     return out
 
 
 def dry_run(ctx: Context) -> None:
     """Everything but the GPU: the compact tokenizer, the tiny model on the CPU, an engine over
-    it (the PyTorch reference path) and a few steps, the bytes count, and the forced-start
+    it (the PyTorch reference path) and a few steps, the bytes count, and the grammar
     check at a few steps."""
     loaded = _model("cpu", True)
     r = run_batch(loaded, 2, 2, "cpu", prompt_len=8)
@@ -261,7 +262,7 @@ def run(copy_gbs: float | None, *, batches=(1, 64, 256), steps: int = 32, device
     for batch in batches:
         print(f"engine decode at {batch} sequences ...", flush=True)
         rows.append(_batch_row(loaded, batch, steps, device, tiny, copy_gbs, prompt_len))
-    print("engine forced starts and top logprobs ...", flush=True)
+    print("engine grammar rows and top logprobs ...", flush=True)
     rows.append(check_constrained(loaded, device))
     return rows
 

@@ -4,11 +4,12 @@
     block_manager.py  blocks, reference counts, the prefix cache (hash chain, LRU)
     scheduler.py      waiting queue, running set, token budget, chunked prefill, preemption
     model_runner.py   the flat batch, the forward, the head at the sampling rows
-    sampler.py        logits -> tokens: grammar and forced masks, penalties, kernels.sample, logprobs
+    sampler.py        logits -> tokens: grammar masks, spent thinking budgets, penalties, kernels.sample, logprobs
     engine.py         LLMEngine: the synchronous core (add_request / abort_request / step)
     async_engine.py   AsyncEngine: the core in its own thread, asyncio streams, capacity
     stop.py           incremental detokenization and stop strings
-    constraint.py     forced starts (a required tool call) and thinking budgets: allowed tokens per step
+    grammar.py        output grammars (llguidance): one matcher per sequence, next-token bitmasks
+    thinking.py       thinking budgets: the closing tag forced once a think block is full
     sampling_params.py, outputs.py   what a request asks for, what comes back
     cpu_weights.py    oneDNN-packed linear weights for the CPU
 """

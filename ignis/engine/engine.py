@@ -26,7 +26,6 @@ import torch
 import kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
-from ignis.engine.constraint import ConstraintState, token_index
 from ignis.engine.grammar import GrammarState, ll_tokenizer
 from ignis.engine.model_runner import ModelRunner, StepResult
 from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
@@ -35,6 +34,7 @@ from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.scheduler import ScheduledBatch, Scheduler
 from ignis.engine.sequence import Sequence
 from ignis.engine.stop import TextStream
+from ignis.engine.thinking import BudgetState
 from ignis.model.kv_cache import kv_cache_bytes_per_block
 from ignis.model.loader import LoadedModel
 
@@ -184,9 +184,10 @@ class LLMEngine:
                 "(prompt plus at least one output token)"
             )
         room = self.max_model_len - len(prompt)
-        constraint = None
-        if params.constraint is not None and not prewarm:
-            constraint = self._constraint_state(params)
+        budget = None
+        if params.think_budget is not None and not prewarm:
+            params.think_budget.validate(self.vocab_size)
+            budget = BudgetState(params.think_budget)
         grammar = None
         if params.grammar is not None and not prewarm:
             # Compiling a large schema takes a while (llguidance releases the GIL meanwhile).
@@ -201,24 +202,13 @@ class LLMEngine:
             prewarm=prewarm,
             deadline=deadline,
             stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids),
-            constraint=constraint,
+            budget=budget,
             grammar=grammar,
         )
         self.seqs[request_id] = seq
         if deadline is not None:
             self._num_deadlines += 1
         self.scheduler.add(seq)
-
-    def _constraint_state(self, params: SamplingParams) -> ConstraintState:
-        c = params.constraint
-        assert c is not None
-        if not getattr(self.tokenizer, "is_byte_level", False):
-            raise ValueError("prefix constraints need a byte-level vocabulary (token bytes)")
-        for t in (c.think_start_id, c.think_end_id):
-            if t is not None and t >= self.vocab_size:
-                raise ValueError(f"think token ids must lie in [0, {self.vocab_size})")
-        # Built once per tokenizer (the server warms it off this thread).
-        return ConstraintState(c, token_index(self.tokenizer, self.vocab_size))
 
     def abort_request(self, request_id: str, reason: EngineFinish = EngineFinish.ABORT, error: str | None = None) -> bool:
         """End a request now, running or waiting, and free its blocks. Its final output
@@ -297,10 +287,10 @@ class LLMEngine:
             self.num_generated_tokens += 1
             seq.token_ids.append(token)
             seq.new_token_ids.append(token)
-            if seq.constraint is not None:
-                seq.constraint.advance(token)
-                if seq.constraint.done:
-                    seq.constraint = None  # free from here on: no more work per step
+            if seq.budget is not None:
+                seq.budget.advance(token)
+                if seq.budget.done:
+                    seq.budget = None  # free from here on: no more work per step
             grammar_error = seq.grammar.advance(token) if seq.grammar is not None else None
             if seq.params.logprobs:
                 seq.new_logprobs.append(logprobs[i])

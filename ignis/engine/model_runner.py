@@ -208,12 +208,14 @@ class ModelRunner:
         """The forward, then the head and the sampler at the rows that sample."""
         S = len(inputs.order)
         result = StepResult([None] * S, [None] * S, {})
+        batch_index = [inputs.order[row] for row in inputs.sampling]
+        rows = [batch.seqs[i] for i in batch_index]
+        self.sampler.prefetch_masks(rows)  # grammar bitmasks fill while the model runs
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         if not inputs.sampling:
             return result
         if inputs.sample_idx is not None:
             hidden = hidden.index_select(0, inputs.sample_idx)
         logits = self.model.compute_logits(hidden) if self.head_op is None else self.head_op(hidden).float()
-        batch_index = [inputs.order[row] for row in inputs.sampling]
-        result.fill(self.sampler.sample(logits, [batch.seqs[i] for i in batch_index]), batch_index)
+        result.fill(self.sampler.sample(logits, rows), batch_index)
         return result

@@ -5,11 +5,13 @@
 A call, on the [R, V] fp32 logits of the rows that sample:
 
 1. Grammar rows (an output grammar) get their matchers' next-token bitmasks, in place
-   (kernels.token_mask; idempotent). A forcing constraint on such a row is intersected
-   into its bitmask. A row nothing can continue is reported in `errors`.
+   (kernels.token_mask; idempotent). A row nothing can continue is reported in `errors`.
+   The bitmasks depend only on the matchers, so the runner starts them before the
+   forward (`prefetch_masks`): llguidance fills them on a helper thread, the GIL
+   released, while the model runs.
 2. Rows still short of `min_tokens` get their stop ids at -inf (a copy).
-3. Rows whose constraint forces the next token (a required tool call, a spent thinking
-   budget) get every other token at -inf (a copy).
+3. Rows whose thinking budget is spent get every token but the closing tag at -inf (a
+   copy).
 4. Plain greedy batches take the argmax; anything else goes through `kernels.sample`
    (temperature, top-k, top-p, min-p, penalties, per-request seeds), with logprobs and
    top logprobs when a row asks.
@@ -23,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ignis.engine.constraint import Allowed, TokenIndex
 from ignis.engine.grammar import GrammarState, fill_masks
 from ignis.engine.sequence import Sequence
 from kernels.sampling import SamplingTensors, logprob_distribution, sample
@@ -87,13 +89,35 @@ class _PenaltyIds:
 
 class Sampler:
     """The sampling state an engine keeps between steps: host buffers for grammar
-    bitmasks, per-sequence penalty ids, and per token index its ids on the device."""
+    bitmasks and per-sequence penalty ids."""
 
     def __init__(self) -> None:
         self._grammar_masks = np.zeros((0, 0), dtype=np.int32)  # grown on demand
         self._penalty_ids: weakref.WeakKeyDictionary[Sequence, _PenaltyIds] = weakref.WeakKeyDictionary()
-        # Per token index (one per tokenizer): its ids in byte order, on the device.
-        self._orders: weakref.WeakKeyDictionary[TokenIndex, torch.Tensor] = weakref.WeakKeyDictionary()
+        # Bitmasks being filled for the step under way: (its states, the buffer rows, the fill).
+        self._pending: tuple[list[GrammarState], np.ndarray, Future[None]] | None = None
+        self._filler: ThreadPoolExecutor | None = None  # started by the first grammar row
+
+    def prefetch_masks(self, rows: list[Sequence]) -> None:
+        """Start filling the grammar rows' bitmasks for this step's sampling `rows` (call it
+        before the forward; `sample` with the same rows picks them up)."""
+        self._settle()
+        states = [s.grammar for s in rows if s.grammar is not None]
+        if not states:
+            return
+        if self._filler is None:
+            self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ignis-masks")
+        masks = self._mask_buffer(states)
+        self._pending = (states, masks, self._filler.submit(fill_masks, states, masks))
+
+    def _settle(self) -> tuple[list[GrammarState], np.ndarray] | None:
+        """Wait for a prefetch under way (its buffer is about to be reused); its result."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        states, masks, fill = pending
+        fill.result()
+        return states, masks
 
     def sample(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
         """One token per row of `logits` [R, V] (fp32; grammar rows are masked in place).
@@ -131,7 +155,7 @@ class Sampler:
     def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
         logits = _ban_stops(logits, rows)
         # Forced rows sample from (and report logprobs of) the masked distribution.
-        logits = self._mask_forced(logits, rows)
+        logits = _force_budget_ends(logits, rows)
         want_logprobs = any(s.params.logprobs for s in rows)  # top_logprobs implies logprobs
         penalties = any(s.params.uses_penalties for s in rows)
         if not want_logprobs and not penalties and all(s.params.is_greedy for s in rows):
@@ -187,11 +211,9 @@ class Sampler:
     def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence]) -> dict[int, str]:
         """Mask the rows that have an output grammar by their matchers' next-token bitmasks,
         in place (kernels.token_mask: idempotent, so a retried step may see them again).
-        A forcing constraint on the same row (a thinking budget) is intersected into its
-        bitmask here, since two floors in a row would each lift what the other banned.
 
-        Returns the rows that cannot go on (nothing allowed: the grammar's error, or a
-        constraint the grammar contradicts): their message; they sample from an all-allowed
+        Returns the rows that cannot go on (nothing allowed: the grammar's error, or nothing
+        in the vocabulary continues it): their message; they sample from an all-allowed
         mask, harmlessly, and the engine fails them."""
         ks = [k for k, s in enumerate(rows) if s.grammar is not None]
         if not ks:
@@ -200,11 +222,8 @@ class Sampler:
         masks = self._grammar_bitmasks(states, logits.shape[1])
         failed: dict[int, str] = {}
         for r, k in enumerate(ks):
-            c = rows[k].constraint
-            if c is not None and (allowed := c.allowed()) is not None:
-                masks[r] &= _packed_bits(allowed.id_set(c.index), masks.shape[1])
             if not masks[r].any():
-                failed[k] = _grammar_failure(states[r], c is not None)
+                failed[k] = _grammar_failure(states[r])
                 masks[r] = -1
         dev = logits.device
         bitmask = torch.from_numpy(masks).to(dev)
@@ -212,15 +231,25 @@ class Sampler:
         apply_token_bitmask_(logits, bitmask, which, _ALLOWED_FLOOR)
         return failed
 
-    def _grammar_bitmasks(self, states: list[GrammarState], width: int) -> np.ndarray:
-        """The states' next-token bitmasks [R, W] int32 (a view of a reused buffer), with
-        only ids both the tokenizer and the logits have (see grammar.ll_tokenizer)."""
+    def _mask_buffer(self, states: list[GrammarState]) -> np.ndarray:
+        """Rows of the reused host buffer for `states`' bitmasks [R, W] int32."""
         words = max(s.mask_words for s in states)
         buf = self._grammar_masks
         if buf.shape[0] < len(states) or buf.shape[1] != words:
             buf = self._grammar_masks = np.zeros((max(len(states), buf.shape[0]), words), dtype=np.int32)
-        masks = buf[: len(states)]
-        fill_masks(states, masks)
+        return buf[: len(states)]
+
+    def _grammar_bitmasks(self, states: list[GrammarState], width: int) -> np.ndarray:
+        """The states' next-token bitmasks [R, W] int32 (a view of a reused buffer), with
+        only ids both the tokenizer and the logits have (see grammar.ll_tokenizer):
+        prefetched when `prefetch_masks` saw these states, else filled now."""
+        done = self._settle()
+        if done is not None and len(done[0]) == len(states) and all(a is b for a, b in zip(done[0], states)):
+            masks = done[1]
+        else:
+            masks = self._mask_buffer(states)
+            fill_masks(states, masks)
+        words = masks.shape[1]
         limit = min(width, min(s.vocab_size for s in states))
         if limit < words * 32:
             word, bit = divmod(limit, 32)
@@ -228,82 +257,32 @@ class Sampler:
             masks[:, word + 1 :] = 0
         return masks
 
-    def _mask_forced(self, logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
-        """`logits` with every token a forcing constraint disallows at -inf, for the rows
-        whose constraint is forcing (a copy: the caller's logits stay as they were, so the
-        row-by-row retry of `sample` masks them once, afresh). The same tensor when no
-        row is forced."""
-        forced: list[tuple[int, TokenIndex, Allowed]] = []
-        for k, s in enumerate(rows):
-            c = s.constraint
-            if c is not None and s.grammar is None and (allowed := c.allowed()) is not None:
-                forced.append((k, c.index, allowed))  # (a grammar row: see _mask_grammar)
-        if not forced:
-            return logits
-        which, allowed_mask = self._allowed_mask(forced, logits.shape[1], logits.device)
-        R = len(forced)
-        sub = logits.index_select(0, which) if R != logits.shape[0] else logits
-        sub = torch.where(allowed_mask, sub.clamp(min=_ALLOWED_FLOOR), _NEG_INF)
-        if R == logits.shape[0]:
-            return sub
-        return logits.index_copy(0, which, sub)
 
-    def _allowed_mask(
-        self, forced: list[tuple[int, TokenIndex, Allowed]], width: int, dev: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the forced rows' indices, their [R, width] bool mask of allowed tokens). Each
-        row's allowed set is a few ids plus ranges of its index's byte-ordered ids (kept on
-        the device, sliced without a copy)."""
-        small_ids: list[int] = []
-        small_rows: list[int] = []
-        pieces: list[torch.Tensor] = []
-        piece_rows: list[int] = []
-        counts: list[int] = []
-        for r, (_, index, allowed) in enumerate(forced):
-            small_ids.extend(allowed.ids)
-            small_rows.extend([r] * len(allowed.ids))
-            if allowed.ranges:
-                order = self._orders.get(index)
-                if order is None:
-                    order = self._orders[index] = torch.from_numpy(index.order).to(dev)
-                for lo, hi in allowed.ranges:
-                    pieces.append(order[lo:hi])
-                    piece_rows.append(r)
-                    counts.append(hi - lo)
-        # One upload for all five lists: on CUDA each blocking host->device copy waits for
-        # the stream, so five would be five waits per forced step.
-        host = np.asarray([k for k, _, _ in forced] + small_ids + small_rows + piece_rows + counts, dtype=np.int64)
-        packed = torch.from_numpy(host).to(dev)
-        R, n_small, n_pieces = len(forced), len(small_ids), len(piece_rows)
-        at = R + 2 * n_small
-        rows_of = [packed[R + n_small : at]]
-        if n_pieces:
-            rows_of.append(torch.repeat_interleave(packed[at : at + n_pieces], packed[at + n_pieces :],
-                                                   output_size=sum(counts)))
-        mask = torch.zeros((R, width), dtype=torch.bool, device=dev)
-        mask[torch.cat(rows_of), torch.cat([packed[R : R + n_small], *pieces])] = True
-        return packed[:R], mask
-
-
-def _packed_bits(ids: set[int], words: int) -> np.ndarray:
-    """`ids` as a little-endian bitmask of `words` int32 words (ids past it dropped)."""
-    arr = np.fromiter(ids, dtype=np.int64)
-    keep = np.zeros(words * 32, dtype=bool)
-    keep[arr[arr < words * 32]] = True
-    return np.packbits(keep, bitorder="little").view(np.int32)
-
-
-def _grammar_failure(state: GrammarState, constrained: bool) -> str:
+def _grammar_failure(state: GrammarState) -> str:
     err = state.error()
     if err:
         return f"the output grammar allows no token here: {err}"
-    return ("the output grammar allows no token here (nothing in the vocabulary can continue it"
-            + (", within the thinking budget)" if constrained else ")"))
+    return "the output grammar allows no token here (nothing in the vocabulary can continue it)"
+
+
+def _force_budget_ends(logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
+    """`logits` with every token but the closing tag at -inf in the rows whose thinking
+    budget is spent (a copy: the caller's logits stay as they were, so the row-by-row
+    retry of `sample` masks them afresh). The same tensor when no row is forced."""
+    forced = [(k, t) for k, s in enumerate(rows) if s.budget is not None and (t := s.budget.forced()) is not None]
+    if not forced:
+        return logits
+    at = torch.tensor(forced, dtype=torch.long).to(logits.device)  # one upload: rows and ids
+    which, ids = at[:, 0], at[:, 1]
+    kept = logits[which, ids].clamp(min=_ALLOWED_FLOOR)
+    out = logits.index_fill(0, which, _NEG_INF)
+    out[which, ids] = kept
+    return out
 
 
 def _ban_stops(logits: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
     """`logits` with the stop ids at -inf in the rows still short of their `min_tokens`
-    (a copy, as `Sampler._mask_forced`; the same tensor when no row is)."""
+    (a copy, as `_force_budget_ends`; the same tensor when no row is)."""
     cells = [
         (k, t) for k, s in enumerate(rows)
         if s.num_output_tokens < s.params.min_tokens for t in s.stop_ids if t < logits.shape[1]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ignis.engine.constraint import OutputConstraint
 from ignis.engine.grammar import Grammar
+from ignis.engine.thinking import ThinkBudget
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default one
 
@@ -40,9 +40,9 @@ class SamplingParams:
     # Also report this many most likely tokens of each step (0..20, OpenAI's range);
     # > 0 turns `logprobs` on.
     top_logprobs: int = 0
-    # The answer must begin with one of the constraint's texts (a required tool call);
-    # see ignis/engine/constraint.py. None = free.
-    constraint: OutputConstraint | None = None
+    # A think block closed after at most this many tokens (ignis/engine/thinking.py);
+    # with a grammar, the grammar carries the budget itself. None = unbounded.
+    think_budget: ThinkBudget | None = None
     # The whole output must match this grammar (JSON schema, Lark, regex); see
     # ignis/engine/grammar.py. None = free.
     grammar: Grammar | None = None
@@ -90,10 +90,10 @@ class SamplingParams:
             or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
-        if self.constraint is not None:
-            if not isinstance(self.constraint, OutputConstraint):
-                raise ValueError(f"constraint must be an OutputConstraint, got {type(self.constraint).__name__}")
-            self.constraint.validate()
+        if self.think_budget is not None:
+            if not isinstance(self.think_budget, ThinkBudget):
+                raise ValueError(f"think_budget must be a ThinkBudget, got {type(self.think_budget).__name__}")
+            self.think_budget.validate()
         if self.grammar is not None:
             if not isinstance(self.grammar, Grammar):
                 raise ValueError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
@@ -104,6 +104,9 @@ class SamplingParams:
             if self.min_tokens:
                 raise ValueError("min_tokens cannot be combined with a grammar: the grammar decides where the "
                                  "output ends")
+            if self.think_budget is not None:
+                raise ValueError("a thinking budget beside a grammar: put the budget in the grammar (a max_tokens "
+                                 "on its think rule)")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise ValueError(f"stop_token_ids must be non-negative ints, got {t!r}")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import enum
 
-from ignis.engine.constraint import ConstraintState
 from ignis.engine.grammar import GrammarState
 from ignis.engine.outputs import EngineFinish
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.stop import TextStream
+from ignis.engine.thinking import BudgetState
 
 
 class Status(enum.Enum):
@@ -37,7 +37,7 @@ class Sequence:
         text: TextStream | None,
         prewarm: bool = False,
         deadline: float | None = None,
-        constraint: ConstraintState | None = None,
+        budget: BudgetState | None = None,
         grammar: GrammarState | None = None,
     ) -> None:
         self.request_id = request_id
@@ -50,11 +50,11 @@ class Sequence:
         self.text = text  # None: no detokenization (prewarm)
         self.prewarm = prewarm
         self.deadline = deadline  # time.monotonic() value, or None
-        # A forced start still in progress (None once done, or when there is none). It
-        # depends only on the output tokens, so a preempted sequence keeps it as it is.
-        self.constraint = constraint
+        # A thinking budget still in play (None once its block is closed, or without one).
+        # It depends only on the output tokens, so a preempted sequence keeps it as it is.
+        self.budget = budget
         # The output grammar's matcher (None: unconstrained, or finished). Like the
-        # constraint it depends only on the output tokens, which a preemption keeps.
+        # budget it depends only on the output tokens, which a preemption keeps.
         self.grammar = grammar
         self.status = Status.WAITING
         self.num_computed_tokens = 0

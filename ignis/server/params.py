@@ -15,9 +15,9 @@
 - ``top_logprobs`` (from the fields) is honoured when `logprobs` is on: the caller says
   whether logprobs are reported (Responses: the include, or ``top_logprobs`` itself;
   chat: ``logprobs: true``, which chat's decoder demands with ``top_logprobs``).
-- ``constraint``: the forced start of a required tool call and the thinking budget
-  (`tool_forcing.constrain_output`); ``grammar``: the output grammar of a JSON format or
-  strict tools (`structured.output_grammar`).
+- ``grammar``: the output grammar of a JSON format, a demanded call, or strict and
+  custom tools (`structured.output_grammar`); ``think_budget``: a thinking budget that
+  no grammar carries (`tool_forcing.think_budget`).
 - ``thinking`` is a template switch (`render`), not sampling.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 from ignis.engine import SamplingParams
 from ignis.model.generation_config import SAMPLING_DEFAULT_KEYS
-from ignis.engine.constraint import OutputConstraint
 from ignis.engine.grammar import Grammar
+from ignis.engine.thinking import ThinkBudget
 from ignis.server.errors import context_too_long
 from protocol.errors import Refusal
 from protocol.sampling import SamplingFields
@@ -106,7 +106,7 @@ def engine_params(
     max_model_len: int,
     logprobs: bool = False,
     param: str = "input",
-    constraint: OutputConstraint | None = None,
+    think_budget: ThinkBudget | None = None,
     grammar: Grammar | None = None,
 ) -> SamplingParams:
     check_context(prompt_len, max_model_len, param)
@@ -125,7 +125,7 @@ def engine_params(
         stop=tuple(fields.stop or ()),
         logprobs=logprobs,
         top_logprobs=(fields.top_logprobs or 0) if logprobs else 0,
-        constraint=constraint,
+        think_budget=think_budget,
         grammar=grammar,
         ignore_eos=bool(fields.ignore_eos),
         min_tokens=fields.min_tokens or 0,

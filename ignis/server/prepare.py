@@ -1,9 +1,9 @@
 """A decoded request -> (Prompt, SamplingParams): the transport-neutral start of a turn.
 
 Both endpoints and both transports come through here: the conversation is rendered
-(`render`), a demanded tool call's opening and a thinking budget become the engine's
-constraint (`tool_forcing`), a JSON format or strict tools become its grammar
-(`structured`), and the sampling fields, already filled with the served defaults
+(`render`), a JSON format, a demanded tool call or strict and custom tools become the
+engine's output grammar (`structured`), a thinking budget goes into that grammar or to
+the engine on its own (`tool_forcing`), and the sampling fields, already filled with the served defaults
 (`ServerContext.accept`), become `SamplingParams` fitted to the context
 (`params`). Rendering and tokenizing are CPU work: callers run this off the event loop.
 """
@@ -18,7 +18,7 @@ from ignis.server.context import ServerContext
 from ignis.server.params import check_context, engine_params
 from ignis.server.render import Prompt
 from ignis.server.structured import output_grammar
-from ignis.server.tool_forcing import constrain_output, with_grammar
+from ignis.server.tool_forcing import demand_calls, think_budget
 from protocol.chat_request import ChatRequest
 from protocol.conversation import FunctionTool, ToolChoice
 from protocol.request import ResponsesRequest
@@ -69,14 +69,15 @@ def prepare_chat(ctx: ServerContext, request: ChatRequest) -> tuple[Prompt, Samp
 def _constrained(ctx: ServerContext, prompt: Prompt, tools: Sequence[FunctionTool], choice: ToolChoice,
                  sampling: SamplingFields, text_format: Any, *, parallel: bool, logprobs: bool, param: str,
                  format_param: str, tool_param: Callable[[str], str]) -> tuple[Prompt, SamplingParams]:
-    """The forced call and thinking budget, the output grammar, and the sampling
-    parameters. A stop string that would cut a forced call is a 400 on ``stop``."""
+    """The output grammar (with the thinking budget inside it) or the budget alone, and
+    the sampling parameters."""
     tokenizer, vocab = ctx.loaded.tokenizer, ctx.loaded.config.vocab_size
-    prompt, constraint = constrain_output(prompt, choice, tools, tokenizer, vocab,
-                                          think_budget=sampling.thinking_budget, stop=sampling.stop or ())
+    prompt = demand_calls(prompt, choice, tools)
+    budget = think_budget(prompt.parser, tokenizer, sampling.thinking_budget)
     grammar = output_grammar(prompt.parser, text_format, tools, choice, sampling, parallel=parallel,
-                             tokenizer=tokenizer, vocab_size=vocab, format_param=format_param, tool_param=tool_param)
+                             tokenizer=tokenizer, vocab_size=vocab, format_param=format_param,
+                             tool_param=tool_param, think_budget=budget)
     params = engine_params(sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
-                           logprobs=logprobs, param=param, constraint=with_grammar(constraint, grammar),
+                           logprobs=logprobs, param=param, think_budget=None if grammar else budget,
                            grammar=grammar)
     return prompt, params

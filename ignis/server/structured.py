@@ -8,20 +8,23 @@ What is constrained (ignis/engine/grammar.py enforces it, from the first output 
   When tools may be called (``tool_choice`` auto), the answer is that JSON *or* tool
   calls, so an agent with an output type still uses its tools.
 - A call demanded by ``tool_choice`` (required, a named function, allowed_tools
-  required) when one of the allowed tools is ``strict: true``: the answer is calls,
-  each ``<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`` as the Hermes
-  block in the system prompt teaches (and as the forced start spells it), with ARGS
-  the tool's schema (strict) or any JSON object (not strict); the grammar replaces the
-  forced start of tool_forcing.py for that request (the thinking budget stays);
-  ``parallel_tool_calls: false``: exactly one call.
+  required): the answer is calls, each ``<tool_call>\\n{"name": "NAME", "arguments":
+  ARGS}\\n</tool_call>`` as the Hermes block in the system prompt teaches, with ARGS
+  the tool's schema (strict), ``{"input": STRING}`` (custom) or any JSON object (not
+  strict); ``parallel_tool_calls: false``: exactly one call. A request that sets
+  ``stop`` or ``min_tokens`` with no strict or custom tool among the allowed ones keeps
+  them instead, unconstrained (the server still fails a turn without a valid call);
+  with one, they are refused.
 - ``tool_choice: "auto"`` with a strict tool among the callable ones: free text, but
   each call the model opens (its ``<tool_call>`` tag, by id when the tag is one added
   token, else as text) is constrained as above from the tag on; with
   ``parallel_tool_calls: false`` at most one call, and nothing but whitespace after it.
   A request that sets ``stop`` or ``min_tokens`` keeps them instead, unconstrained
-  (a grammar cannot honour them; a forced call or a JSON format refuses them).
+  (a grammar cannot honour them; a JSON format, or a demanded call with a strict or
+  custom tool, refuses them).
 - A reasoning template: an optional think block first (or the rest of the block the
-  prompt opened), free text up to the first closing tag.
+  prompt opened), free text up to the first closing tag; a thinking budget is a
+  ``max_tokens`` on that text, after which the closing tag is the only choice.
 
 A grammar the engine cannot compile is the client's: 400 with llguidance's message at
 the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). Stop strings
@@ -35,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
+from ignis.engine.thinking import ThinkBudget
 from ignis.output_parser import ParserConfig
 from ignis.server.freeform import FreeformError, json_string_rule, regex_literal
 from ignis.server.tool_forcing import required_tools
@@ -135,13 +139,17 @@ def _custom_input(tool: FunctionTool, lt: Any) -> str:
                       code="invalid_value") from None
 
 
-def _think(parser: ParserConfig, tokenizer: Any, body: str) -> list[str]:
+def _think(parser: ParserConfig, tokenizer: Any, body: str, budget: ThinkBudget | None) -> list[str]:
     """``start``: the answer `body`, after an optional think block (or the rest of the one
-    the prompt opened) when the template reasons."""
+    the prompt opened) when the template reasons; at most `budget.tokens` tokens in it."""
     if not parser.reasoning:
         return [f"start: {body}"]
     end = _tag(parser.think_end, tokenizer)
-    if end.startswith("<["):  # a token: free text up to it (its bytes are no text)
+    if budget is not None:  # (a budget implies the closing tag is one token)
+        think, rule = f"think {end}", f"think[max_tokens={budget.tokens}]: /(.|\\n)*/"
+        if budget.tokens == 0:
+            think, rule = end, "think: \"\""
+    elif end.startswith("<["):  # a token: free text up to it (its bytes are no text)
         think, rule = f"THINK? {end}", "THINK: /(.|\\n)+/"
     else:  # text: free text up to its first occurrence, which closes the block
         think, rule = "think_text", f"think_text[stop={end}]: /(.|\\n)*/"
@@ -179,19 +187,20 @@ def output_grammar(
     vocab_size: int,
     format_param: str,
     tool_param: Callable[[str], str],
+    think_budget: ThinkBudget | None = None,
 ) -> Grammar | None:
     """The grammar of the answer, or None when nothing is constrained. `tools` are the
     callable ones (already cut to the allowed ones); `format_param` is where the format's
     schema sits (``text.format`` / ``response_format.json_schema``); `tool_param(name)`
-    where a tool's parameters sit. Compiles (and checks) with the tokenizer: call it off
-    the event loop."""
+    where a tool's parameters sit; `think_budget` bounds the think block. Compiles (and
+    checks) with the tokenizer: call it off the event loop."""
     callable_tools = list(tools) if choice.mode != "none" else []
     answer_json = None
     if choice.mode == "required" and callable_tools:
         names = required_tools(choice, callable_tools)
         callable_tools = [t for t in callable_tools if t.name in names]
-        if not any(t.strict or t.is_custom for t in callable_tools):
-            return None  # the forced start (tool_forcing.py) and the server's call check apply
+        if (sampling.stop or sampling.min_tokens) and not any(t.strict or t.is_custom for t in callable_tools):
+            return None  # kept, unconstrained: the server's call check still applies
         mode = "calls"
     elif text_format.is_json:
         answer_json = text_format.schema if text_format.type == "json_schema" and text_format.schema else _ANY_OBJECT
@@ -221,7 +230,7 @@ def output_grammar(
             rules.append("calls: call (WS? call)*" if parallel else "calls: call")
             alternatives.append("calls")
         body = " | ".join(alternatives)
-    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body), *rules, "WS: /[ \\t\\r\\n]+/"]))
+    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body, think_budget), *rules, "WS: /[ \\t\\r\\n]+/"]))
     try:
         return grammar.prepared(lt)  # its matcher built here, in the worker thread
     except GrammarError as exc:  # each schema compiled alone above: a tag or name the grammar cannot hold

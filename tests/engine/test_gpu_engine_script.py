@@ -11,4 +11,4 @@ def test_engine_check_runs_at_toy_sizes():
     assert [r["shape"] for r in rows[:2]] == ["tiny bs=1 ctx~32", "tiny bs=3 ctx~32"]
     for r in rows[:2]:
         assert r["ok"] and r["ms"] > 0 and r["gbs"] > 0 and "tok/s" in r["vs"]
-    assert rows[2]["op"] == "engine forced + top_logprobs" and rows[2]["ok"], rows[2]["vs"]
+    assert rows[2]["op"] == "engine grammar + top_logprobs" and rows[2]["ok"], rows[2]["vs"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from ignis.config import EngineConfig
 from ignis.engine import EngineFinish, LLMEngine, SamplingParams
-from ignis.engine.constraint import OutputConstraint
 from ignis.engine.grammar import Grammar, GrammarError, GrammarState, ll_tokenizer
 from ignis.model import LoadedModel
 
@@ -106,11 +106,20 @@ def test_abort_frees_the_matcher(tiny: LoadedModel) -> None:
     assert finals["a"].finish_reason is EngineFinish.ABORT and finals["b"].finish_reason is EngineFinish.LENGTH
 
 
-def test_contradicting_constraint_fails_that_row_only(tiny: LoadedModel) -> None:
-    """Nothing is allowed (the forced start and the grammar disagree): that request fails
-    with a message, the other of the batch goes on."""
+def test_empty_mask_fails_that_row_only(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is allowed (a mask with no bit set): that request fails with a message,
+    the other of the batch goes on."""
+    import ignis.engine.sampler as sampler_module
+
+    real = sampler_module.fill_masks
+
+    def empty(states, out):
+        real(states, out)
+        out[:] = 0
+
+    monkeypatch.setattr(sampler_module, "fill_masks", empty)
     engine = LLMEngine(tiny, CFG)
-    bad = SamplingParams.greedy(10, grammar=Grammar.regex("abc"), constraint=OutputConstraint((b"xyz",)))
+    bad = SamplingParams.greedy(10, grammar=Grammar.regex("abc"))
     outs = engine.generate([_prompt(tiny)] * 2, [bad, SamplingParams.greedy(4)])
     assert outs[0].finish_reason is EngineFinish.ERROR and "grammar allows no token" in (outs[0].error or "")
     assert outs[1].finish_reason is EngineFinish.LENGTH and len(outs[1].token_ids) == 4
@@ -158,3 +167,35 @@ def test_a_prepared_grammar_starts_each_sequence_from_a_copy(tiny: LoadedModel) 
     jsonschema.validate(json.loads(outs[0].text), SCHEMA)
     # The prototype is where every copy starts: nothing consumed.
     assert prepared.prototype[1].deep_copy().consume_tokens(want.token_ids)
+
+
+def test_masks_are_filled_while_the_model_runs(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner starts each step's bitmasks before the forward, on the sampler's helper
+    thread; the sampler uses them. A prefetch for other rows than those sampled is not
+    used: the masks are filled afresh for the rows at hand."""
+    import threading
+
+    import ignis.engine.sampler as sampler_module
+
+    real = sampler_module.fill_masks
+    threads: list[str] = []
+
+    def spy(states, out):
+        threads.append(threading.current_thread().name)
+        real(states, out)
+
+    monkeypatch.setattr(sampler_module, "fill_masks", spy)
+    engine = LLMEngine(tiny, CFG)
+    out = engine.generate([_prompt(tiny)], SamplingParams.greedy(80, grammar=Grammar.json_schema(SCHEMA)))[0]
+    jsonschema.validate(json.loads(tiny.tokenizer.decode(out.token_ids)), SCHEMA)
+    assert threads and all(name.startswith("ignis-masks") for name in threads)
+
+    # A stale prefetch (other rows): waited for, not used.
+    engine.add_request("a", _prompt(tiny), SamplingParams.greedy(4, grammar=Grammar.regex("[0-9]+")))
+    engine.add_request("b", _prompt(tiny, "cat"), SamplingParams.greedy(4, grammar=Grammar.regex("[a-c]+")))
+    a, b = engine.seqs["a"], engine.seqs["b"]
+    sampler = engine.runner.sampler
+    sampler.prefetch_masks([a])
+    logits = torch.zeros(1, tiny.config.vocab_size)
+    got = sampler.sample(logits, [b])
+    assert not got.errors and tiny.tokenizer.decode([got.tokens[0]]).strip("abc") == ""

@@ -176,7 +176,7 @@ def test_engine_imports_without_hydra_and_the_server_still_composes(hidden, tmp_
         sys.meta_path.insert(0, Hide())
         from ignis.config import EngineConfig, KernelBackend
         from ignis.engine import LLMEngine, SamplingParams
-        from ignis.engine.constraint import OutputConstraint
+        from ignis.engine.grammar import Grammar
         assert EngineConfig().kernel_backend == KernelBackend.auto
         assert "hydra" not in sys.modules and "omegaconf" not in sys.modules
     """)

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from ignis.engine.thinking import ThinkBudget
 from ignis.output_parser import ParserConfig
 from ignis.server.render import hermes_tools_block
-from ignis.server.tool_forcing import call_prefix, constrain_output, required_tools
+from ignis.server.tool_forcing import call_prefix, required_tools
 from protocol.conversation import ChatMessage, FunctionTool, ToolCall, ToolChoice
 from protocol.decode import decode_request
 from protocol.responses_conversation import to_conversation
@@ -101,35 +102,6 @@ def test_the_forced_start_is_the_format_the_prompt_teaches(srv, scripted_server)
         assert WEATHER + '{"city": "Paris"}}\n</tool_call>' in text, text
 
 
-def test_constrain_output_per_tool_choice(srv) -> None:
-    ctx = srv.ctx
-    tok, vocab = ctx.loaded.tokenizer, ctx.loaded.config.vocab_size
-
-    def prepared(tool_choice: Any) -> tuple[Any, Any, Any]:
-        req = decode_request({"model": "tiny", "input": "hi", "tools": TOOLS, "tool_choice": tool_choice},
-                             transport="http")
-        conv = to_conversation(req)
-        prompt = ctx.renderer.render(conv.messages, conv.tools, conv.tool_choice)
-        return prompt, *constrain_output(prompt, conv.tool_choice, conv.tools, tok, vocab)
-
-    for free in ("auto", "none"):
-        prompt, same, constraint = prepared(free)
-        assert same is prompt and constraint is None  # exactly as before
-    _, prompt, c = prepared(NAMED)
-    assert prompt.parser.required_tools == ("get_weather",) and c.choices == (WEATHER.encode(),)
-    # The tiny tokenizer spells the think tags as single ids: reasoning may come first.
-    assert (c.think_start_id, c.think_end_id) == (tok.added_tokens["<think>"], tok.added_tokens["</think>"])
-    _, prompt, c = prepared("required")
-    assert prompt.parser.required_tools == ("get_weather", "get_time") and len(c.choices) == 2
-    _, prompt, c = prepared({"type": "allowed_tools", "mode": "required", "tools": [{"type": "function",
-                                                                                    "name": "get_time"}]})
-    assert prompt.parser.required_tools == ("get_time",)
-    assert c.choices == (call_prefix("get_time", ParserConfig()).encode(),)
-    _, _, c = prepared({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_time"}]})
-    assert c is None
-    assert required_tools(ToolChoice("required", "f"), [FunctionTool("g")]) == ("f",)
-
-
 # -- the tiny random model: the forced start shows --------------------------------------
 
 
@@ -146,41 +118,44 @@ def test_responses_named_function_json_and_sse(srv) -> None:
     check_forced(responses(srv, **{**body, "tool_choice": only_time}), "get_time")
 
 
-def test_chat_named_function_then_a_malformed_call_fails(srv) -> None:
+def test_chat_named_function_is_held_to_a_call(srv) -> None:
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
     body = {"messages": msgs, "tools": CHAT_TOOLS, "tool_choice": CHAT_NAMED, "temperature": 0, "max_tokens": 40}
     r = chat(srv, **body)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "length"
-    text = choice["message"]["content"]
-    assert text.startswith(WEATHER) and len(text) > len(WEATHER)
-    # Stop the same greedy answer right after the forced start: the call is cut, so the
-    # turn ends (stop) without a valid call, and it fails instead of passing for an answer.
-    rest = text[len(WEATHER):]
-    stop = next(rest[:k] for k in range(1, len(rest) + 1) if rest[:k].strip() and rest[:k] not in WEATHER)
-    r = chat(srv, **body, stop=[stop])
-    assert r.status_code == 500, r.text
-    err = r.json()["error"]
-    assert err["type"] == "server_error" and err["code"] == "server_error" and FAILED in err["message"]
-    assert "get_weather" in err["message"]
-    chunks = chat_sse(srv, **body, stop=[stop])
-    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1] if c.get("choices")) \
-        .startswith(WEATHER)
-    assert chunks[-1]["error"]["code"] == "server_error" and FAILED in chunks[-1]["error"]["message"]
+    if choice["finish_reason"] == "length":  # the random model's JSON arguments ran past 40 tokens
+        text = choice["message"]["content"]
+        assert text.startswith(WEATHER) and len(text) > len(WEATHER)
+    else:  # the grammar closed a well-formed call
+        assert choice["finish_reason"] == "tool_calls"
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
 
 
-def test_a_stop_string_that_would_cut_the_forced_start_is_refused(srv) -> None:
+def test_stop_with_a_demanded_call(srv) -> None:
+    """A stop string (which would cut a grammar's text) with non-strict tools: kept, the
+    answer unconstrained, and a turn the stop string ends without a valid call fails.
+    With a strict tool among the demanded ones: a 400 at ``stop``."""
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
-    body = {"messages": msgs, "tools": CHAT_TOOLS, "temperature": 0, "max_tokens": 8}
+    body = {"messages": msgs, "tools": CHAT_TOOLS, "temperature": 0, "max_tokens": 12}
     for tool_choice in (CHAT_NAMED, "required"):
-        for stop in (["\n"], ["name"], ['arguments": {'], ["zz", ": {"]):  # inside it, or running out of it
-            r = chat(srv, **body, tool_choice=tool_choice, stop=stop)
-            assert r.status_code == 400, (stop, r.text)
-            err = r.json()["error"]
-            assert err["param"] == "stop" and err["code"] == "invalid_value" and "tool_choice" in err["message"]
-    # Stop strings that cannot meet the forced text, or no demand for a call: accepted.
-    assert chat(srv, **body, tool_choice=CHAT_NAMED, stop=["zz"]).status_code == 200
+        r = chat(srv, **body, tool_choice=tool_choice, stop=["\u0000never"])
+        assert r.status_code == 200, r.text
+        text = r.json()["choices"][0]["message"]["content"]
+        assert not text.startswith("<tool_call>")  # free: the random model's own words
+        word = next(w for w in text.split() if w.strip())
+        r = chat(srv, **body, tool_choice=tool_choice, stop=[word])
+        assert r.status_code == 500, r.text
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and err["code"] == "server_error" and FAILED in err["message"]
+        chunks = chat_sse(srv, **body, tool_choice=tool_choice, stop=[word])
+        assert chunks[-1]["error"]["code"] == "server_error" and FAILED in chunks[-1]["error"]["message"]
+    strict = [{"type": "function", "function": {**CHAT_TOOLS[0]["function"], "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    r = chat(srv, **{**body, "tools": strict}, tool_choice="required", stop=["\n"])
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "stop"
     assert chat(srv, **body, tool_choice="auto", stop=["\n"]).status_code == 200
 
 
@@ -200,7 +175,7 @@ def test_auto_and_none_are_not_forced(srv, monkeypatch: pytest.MonkeyPatch) -> N
     r = chat(srv, messages=[{"role": "user", "content": "Hi"}], tools=CHAT_TOOLS, tool_choice="auto", max_tokens=4)
     assert r.status_code == 200
     responses(srv, input="x", tools=TOOLS, tool_choice=NAMED, max_output_tokens=1)
-    assert [p.constraint is None for p in seen] == [True, True, True, False]
+    assert [p.grammar is None for p in seen] == [True, True, True, False]
 
 
 # -- the scripted model: a reply that is the call comes back completed ------------------
@@ -225,22 +200,29 @@ def test_scripted_call_is_completed_under_every_demand(scripted_server) -> None:
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
 
 
-def test_scripted_malformed_call_fails(scripted_server) -> None:
-    """The script's reply opens the call as forced but never closes its arguments: the
-    parser makes the block text, and every transport ends the turn failed, saying why."""
-    paris = "What is the forecast for Oslo?"
-    resp = scripted(scripted_server, input=paris, tools=TOOLS, tool_choice="required")
+def test_scripted_malformed_call(scripted_server) -> None:
+    """The script's reply opens the call but never closes its arguments. Held to the call
+    grammar, the reply goes on inside the call until the token limit: incomplete, never a
+    call reported complete. Unconstrained (a stop string keeps the grammar off), the
+    parser makes the block text and every transport ends the turn failed, saying why."""
+    oslo = "What is the forecast for Oslo?"
+    resp = scripted(scripted_server, input=oslo, tools=TOOLS, tool_choice="required", max_output_tokens=40)
+    assert resp["status"] == "incomplete" and resp["incomplete_details"]["reason"] == "max_output_tokens"
+    assert text_of(resp).startswith(WEATHER + '{"city": "Oslo"') and not calls_of(resp)
+    free = {"stop": ["never said"]}
+    resp = scripted(scripted_server, input=oslo, tools=TOOLS, tool_choice="required", **free)
     assert resp["status"] == "failed" and resp["error"]["code"] == "server_error"
     assert FAILED in resp["error"]["message"] and "get_weather" in resp["error"]["message"]
     assert text_of(resp).startswith(WEATHER + '{"city": "Oslo"')  # what the model wrote stays visible
-    sse = responses_sse(scripted_server, model="scripted", input=paris, tools=TOOLS, tool_choice=NAMED)
+    sse = responses_sse(scripted_server, model="scripted", input=oslo, tools=TOOLS, tool_choice=NAMED, **free)
     assert sse["status"] == "failed" and FAILED in sse["error"]["message"]
-    r = chat(scripted_server, model="scripted", messages=[{"role": "user", "content": paris}], tools=CHAT_TOOLS,
-             tool_choice="required")
+    r = chat(scripted_server, model="scripted", messages=[{"role": "user", "content": oslo}], tools=CHAT_TOOLS,
+             tool_choice="required", **free)
     assert r.status_code == 500 and FAILED in r.json()["error"]["message"]
     with client(scripted_server).responses.connect() as conn:
         frames = Frames(conn)
-        conn.response.create(model="scripted", input=paris, tools=TOOLS, tool_choice=NAMED)
+        conn.send({"type": "response.create", "model": "scripted", "input": oslo, "tools": TOOLS,
+                   "tool_choice": NAMED, **free})
         events = frames.terminal()
         check_grammar(events)
         assert events[-1]["type"] == "response.failed" and FAILED in events[-1]["response"]["error"]["message"]
@@ -267,21 +249,22 @@ def test_thinking_budget_from_reasoning_effort_and_chat_thinking(srv, monkeypatc
     from ignis.server.prepare import prepare_response as prepare
 
     ctx = srv.ctx
-    end = ctx.loaded.tokenizer.added_tokens["</think>"]
+    tok = ctx.loaded.tokenizer
+    think, end = tok.added_tokens["<think>"], tok.added_tokens["</think>"]
 
-    def constraint(**body: Any) -> Any:
+    def params(**body: Any) -> Any:
         req = decode_request({"model": "tiny", "input": "hi", **body}, transport="http")
-        return prepare(ctx, req)[1].constraint
+        return prepare(ctx, req)[1]
 
-    c = constraint(reasoning={"effort": "minimal"})
-    assert (c.think_budget, c.think_end_id, c.choices) == (256, end, ())
-    assert constraint(reasoning={"effort": "high"}).think_budget == 16384
+    p = params(reasoning={"effort": "minimal"})
+    assert p.grammar is None and p.think_budget == ThinkBudget(256, end, think, False)
+    assert params(reasoning={"effort": "high"}).think_budget.tokens == 16384
     for unbounded in ({"effort": "xhigh"}, {"effort": "none"}, {}):
-        assert constraint(reasoning=unbounded) is None
-    # With a required call the same constraint also forces the call's start.
-    c = constraint(reasoning={"effort": "low"}, tools=TOOLS, tool_choice=NAMED)
-    assert (c.think_budget, c.choices) == (1024, (WEATHER.encode(),))
-
+        assert params(reasoning=unbounded).think_budget is None
+    # With a demanded call the budget rides in the call grammar, on its think rule.
+    p = params(reasoning={"effort": "low"}, tools=TOOLS, tool_choice=NAMED)
+    assert p.think_budget is None and "think[max_tokens=1024]" in p.grammar.source
+    assert "get_weather" in p.grammar.source and "get_time" not in p.grammar.source
 
     # Chat's own knob, through the route to the engine.
     seen: list[Any] = []
@@ -295,4 +278,31 @@ def test_thinking_budget_from_reasoning_effort_and_chat_thinking(srv, monkeypatc
     r = chat(srv, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0,
              thinking={"type": "enabled", "budget_tokens": 2})
     assert r.status_code == 200, r.text
-    assert seen[-1].constraint.think_budget == 2
+    assert seen[-1].think_budget.tokens == 2
+
+
+def test_grammar_per_tool_choice(srv) -> None:
+    """Which calls each tool_choice holds the answer to (the grammar's alternatives), and
+    the required tools the server checks for."""
+    from ignis.server.prepare import prepare_response as prepare
+
+    def prepared(tool_choice: Any) -> tuple[Any, Any]:
+        req = decode_request({"model": "tiny", "input": "hi", "tools": TOOLS, "tool_choice": tool_choice},
+                             transport="http")
+        return prepare(srv.ctx, req)
+
+    for free in ("auto", "none"):
+        prompt, p = prepared(free)
+        assert p.grammar is None and prompt.parser.required_tools == ()
+    prompt, p = prepared(NAMED)
+    assert prompt.parser.required_tools == ("get_weather",)
+    assert "get_weather" in p.grammar.source and "get_time" not in p.grammar.source
+    prompt, p = prepared("required")
+    assert prompt.parser.required_tools == ("get_weather", "get_time")
+    assert "get_weather" in p.grammar.source and "get_time" in p.grammar.source
+    only_time = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}
+    prompt, p = prepared(only_time)
+    assert prompt.parser.required_tools == ("get_time",) and "get_weather" not in p.grammar.source
+    prompt, p = prepared({**only_time, "mode": "auto"})
+    assert p.grammar is None
+    assert required_tools(ToolChoice("required", "f"), [FunctionTool("g")]) == ("f",)
