@@ -99,10 +99,12 @@ def engine_table(loaded, rows_list: list[int], steps: int) -> list[str]:
             engine.step()  # the prefills
             engine.step()
             engines[label] = engine
-        # Steps alternate between the two engines, so a shared machine's load falls on both alike.
+        # Steps alternate between the two engines (which goes first alternates too), so a
+        # shared machine's load falls on both alike.
         times: dict[str, list[float]] = {"free": [], "grammar": []}
-        for _ in range(steps):
-            for label, engine in engines.items():
+        for i in range(steps):
+            order = list(engines.items())
+            for label, engine in order if i % 2 == 0 else order[::-1]:
                 t = time.perf_counter()
                 outs = engine.step()
                 times[label].append(time.perf_counter() - t)
