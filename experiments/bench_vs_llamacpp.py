@@ -18,6 +18,9 @@ Measured, alternating the two engines where it matters (a shared machine only sl
                        /v1/responses with max_output_tokens 1: input tokens / wall time
   RSS                  server idle after load and one request (-np 1 -c 8192 against
                        engine.max_num_seqs=1; torch's import alone is reported beside)
+  served throughput    N concurrent clients, one request each of --max-tokens output
+                       tokens (EOS ignored, greedy): llama-server -np 64 -c 32768 /completion
+                       | ignis server max_num_seqs 64, /v1/responses; output tokens / wall
 ignis runs with model.weight_form auto (quantized at max_num_seqs <= 4, bf16 above).
 """
 
@@ -107,11 +110,11 @@ def llama_batched(gguf: Path, threads: int, npl: int, ntg: int) -> float:
 
 
 class LlamaServer:
-    def __init__(self, gguf: Path, threads: int, ctx: int = 8192) -> None:
+    def __init__(self, gguf: Path, threads: int, ctx: int = 8192, parallel: int = 1) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [str(BIN / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(ctx),
-             "-np", "1", "--port", str(self.port), "--host", "127.0.0.1"],
+             "-np", str(parallel), "--port", str(self.port), "--host", "127.0.0.1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 300
@@ -130,6 +133,12 @@ class LlamaServer:
                  {"prompt": prompt, "n_predict": 1, "cache_prompt": False, "temperature": 0})
         t = r["timings"]
         return int(t["prompt_n"]), float(t["prompt_per_second"])
+
+    def generate(self, prompt: str, max_tokens: int) -> int:
+        r = post(f"http://127.0.0.1:{self.port}/completion",
+                 {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "cache_prompt": False,
+                  "temperature": 0})
+        return int(r["timings"]["predicted_n"])
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -159,6 +168,23 @@ def ignis_prefill(srv, prompt: str, salt: int) -> tuple[int, float]:
     wall = time.perf_counter() - start
     n = int(r["usage"]["input_tokens"])
     return n, n / wall
+
+
+def ignis_generate(srv, prompt: str, max_tokens: int) -> int:
+    body = {"model": "smollm2-135m", "input": prompt, "max_output_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "store": False}
+    return int(post(srv.base_url + "/v1/responses", body)["usage"]["output_tokens"])
+
+
+def served_tps(generate, clients: int, max_tokens: int) -> float:
+    """Output tok/s of `clients` concurrent requests (distinct short prompts), one each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"Request {k}: write a long story about a lighthouse keeper named {k}." for k in range(clients)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        total = sum(pool.map(lambda p: generate(p, max_tokens), prompts))
+    return total / (time.perf_counter() - start)
 
 
 def long_prompt(tokens: int) -> str:
@@ -258,6 +284,23 @@ def main() -> None:
             rows.append(("server RSS idle, one 8k sequence (MB)", rss_mb(llama.proc.pid), rss_mb(srv.proc.pid), True))
     finally:
         llama.stop()
+
+    served: dict[int, tuple[float, float]] = {}
+    if not args.quick:  # both servers with 64 slots, 1/16/64 clients each, alternating
+        most = max(args.concurrency)
+        llama = LlamaServer(gguf, args.threads, ctx=most * 512, parallel=most)
+        try:
+            with ServerProcess(max_num_seqs=most, threads=args.threads) as srv:
+                served_tps(llama.generate, 1, 4)
+                served_tps(lambda p, m: ignis_generate(srv, p, m), 1, 4)
+                for n in args.concurrency:
+                    theirs = served_tps(llama.generate, n, args.max_tokens)
+                    mine = served_tps(lambda p, m: ignis_generate(srv, p, m), n, args.max_tokens)
+                    served[n] = (theirs, mine)
+                    log(f"served {n} clients: llama-server {theirs:.1f}, ignis {mine:.1f} tok/s")
+                    rows.append((f"served throughput, {n} clients (output tok/s)", theirs, mine, False))
+        finally:
+            llama.stop()
     torch_only = subprocess.run([sys.executable, "-c", "import torch; print(open('/proc/self/status').read())"],
                                 capture_output=True, text=True).stdout
     torch_mb = int(re.search(r"VmRSS:\s+(\d+)", torch_only).group(1)) / 1024
