@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -276,7 +277,7 @@ def _spawned_worker(rank: int, world: int, device_type: str, init_method: str, p
     except Exception:
         log.exception("tensor-parallel worker %d failed", rank)
         code = 1
-    os._exit(code)  # no interpreter teardown: nothing left to flush, and no hang in it
+    sys.exit(code)
 
 
 def _exit_with_parent(parent: int) -> None:
