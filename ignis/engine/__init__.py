@@ -11,6 +11,8 @@
     constraint.py     forced starts (a required tool call) and thinking budgets: allowed tokens per step
     sampling_params.py, outputs.py   what a request asks for, what comes back
     cpu_weights.py    oneDNN-packed linear weights for the CPU
+    tensor_parallel.py  TP: the rank-0 runner, spawned / torchrun workers, failure watch
+    tp_group.py       TP: process groups, the per-step broadcast, the logits gather
 """
 
 from ignis.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream

@@ -241,7 +241,7 @@ def run_worker(rank: int, world: int, device_type: str, init_method: str = "env:
                local_rank: int | None = None) -> int:
     """A worker's life: join, load and shard the checkpoint rank 0 names, serve its steps.
     device_type is rank 0's ("cuda": this worker takes GPU local_rank, default its rank)."""
-    from ignis.model.loader import load_model  # the loader pulls in tokenizers, templates
+    from ignis.model.loader import load_dense
 
     # Ctrl-C reaches every process of the terminal's group: rank 0 drains and then stops
     # the workers itself, so they must not die first.
@@ -255,11 +255,10 @@ def run_worker(rank: int, world: int, device_type: str, init_method: str = "env:
         spec = group.share_spec(None)
         kernels.set_backend(spec.kernel_backend)  # type: ignore[arg-type]
         torch.set_num_threads(spec.cpu_threads)
-        loaded = load_model(spec.model_path, kind=spec.model_kind, dtype=spec.dtype, device=device,  # type: ignore[arg-type]
-                            progress=False, weight_form="float32")
-        shard = shard_transformer(loaded.model, rank, world, group.all_reduce)
-        vocab = loaded.config.vocab_size
-        del loaded  # the full weights: only the shard stays
+        full = load_dense(spec.model_path, spec.model_kind, dtype=getattr(torch, spec.dtype), device=device)
+        shard = shard_transformer(full, rank, world, group.all_reduce)
+        vocab = full.config.vocab_size
+        del full  # only the shard stays
         runner = TensorParallelRunner(shard, group, vocab, **_runner_kwargs(spec))
         group.ready()
         runner.serve_steps()
