@@ -117,6 +117,11 @@ class EngineConfig:
     # CPUs, where MKL's sgemm is not; costs the weights' memory once more).
     cpu_threads: int | None = None
     cpu_pack_weights: bool = True
+    # Ranks the model is split over (Megatron-style, by heads; ignis/engine/tensor_parallel.py):
+    # 1 = one process, as ever; N > 1 starts N-1 worker processes (or joins a `torchrun`
+    # launch), NCCL between GPUs, gloo on the CPU. Needs dense weights (model.weight_form
+    # float32, which auto then picks) and head counts and MLP width that N divides.
+    tensor_parallel_size: int = 1
 
 
 @dataclass

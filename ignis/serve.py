@@ -7,7 +7,10 @@ start the engine and serve the OpenAI-compatible API (see ignis.server.app).
 `--server-KEY VALUE` is an alias of `server.KEY=VALUE` (ignis.cli_flags); with no model
 named at all, the embedded model's group is used (`+model=smollm2-135m`).
 
-One process (Sanic's `single_process=True`): the model and the KV cache live here.
+One process (Sanic's `single_process=True`): the model and the KV cache live here. With
+`engine.tensor_parallel_size=N` it starts N-1 worker processes for the model's other
+shards (ignis/engine/tensor_parallel.py); under `torchrun` every rank runs this entry
+point, rank 0 serves and the others become workers.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ def run(cfg: IgnisConfig) -> int:
     from ignis.server.websocket_protocol import IgnisWebSocketProtocol
 
     kernels.set_backend(cfg.engine.kernel_backend.value)
+    tp = cfg.engine.tensor_parallel_size
+    if tp > 1:
+        from ignis.engine.tensor_parallel import torchrun_env
+
+        env = torchrun_env()
+        if env is not None and env[0] != 0:  # a torchrun worker: rank 0 serves, this one computes
+            return _torchrun_worker(cfg, *env)
+        _dense_weights_for_tp(cfg)
     loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs)
     engine = AsyncEngine(loaded, cfg.engine)
     app = create_app(cfg, loaded, engine)
@@ -47,6 +58,32 @@ def run(cfg: IgnisConfig) -> int:
         motd=False,
     )
     return 0
+
+
+def _dense_weights_for_tp(cfg: IgnisConfig) -> None:
+    """Tensor parallelism shards dense weights: auto picks float32, a packed form is an error."""
+    from ignis.config import WeightForm
+
+    if cfg.model.weight_form == WeightForm.auto:
+        log.info("engine.tensor_parallel_size=%d: model.weight_form auto -> float32 (dense weights)",
+                 cfg.engine.tensor_parallel_size)
+        cfg.model.weight_form = WeightForm.float32
+    elif cfg.model.weight_form != WeightForm.float32:
+        raise SystemExit(f"ignis.serve: engine.tensor_parallel_size > 1 needs model.weight_form=float32 "
+                         f"(or auto), not {cfg.model.weight_form.value}")
+
+
+def _torchrun_worker(cfg: IgnisConfig, rank: int, world: int) -> int:
+    import os
+
+    from ignis.engine.tensor_parallel import run_worker
+    from ignis.model.loader import resolve_device
+
+    if world != cfg.engine.tensor_parallel_size:
+        raise SystemExit(f"ignis.serve: torchrun started {world} processes, engine.tensor_parallel_size "
+                         f"is {cfg.engine.tensor_parallel_size}")
+    device = resolve_device(cfg.model.device)
+    return run_worker(rank, world, device.type, "env://", int(os.environ.get("LOCAL_RANK", rank)))
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")

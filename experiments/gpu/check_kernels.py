@@ -46,6 +46,7 @@ CHECKS = [
     "experiments.gpu.engine_check",
     "experiments.gpu.wo_matmul_check",
     "experiments.gpu.token_mask_check",
+    "experiments.gpu.tp_check",
 ]
 
 # What the checks import, and what it serves. The GPU image has these (DESIGN.md) ...

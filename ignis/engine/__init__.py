@@ -12,6 +12,8 @@
     thinking.py       thinking budgets: the closing tag forced once a think block is full
     sampling_params.py, outputs.py   what a request asks for, what comes back
     cpu_weights.py    oneDNN-packed linear weights for the CPU
+    tensor_parallel.py  TP: the rank-0 runner, spawned / torchrun workers, failure watch
+    tp_group.py       TP: process groups, the per-step broadcast, the logits gather
 """
 
 from ignis.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream

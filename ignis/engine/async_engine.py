@@ -18,7 +18,8 @@ Failures: a request the engine cannot take (bad stop string, prompt too long, ..
 ends with one ERROR output; when a batched forward fails, each of its requests is run
 alone and only those that fail alone end with ERROR (the others go on); if the core
 thread itself dies, every open stream gets an ERROR output, `healthy` turns False and
-submit() raises EngineDeadError.
+submit() raises EngineDeadError. The same happens when the runner fails for good
+(FatalRunnerError: a tensor-parallel worker exited, mid-step or between steps).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 
 from ignis.config import EngineConfig
 from ignis.engine.engine import EngineStats, LLMEngine
+from ignis.engine.model_runner import FatalRunnerError
 from ignis.engine.openmp import release_thread_pool
 from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
 from ignis.engine.sampling_params import SamplingParams
@@ -158,6 +160,7 @@ class AsyncEngine:
         self._commands: list[_Add | _Abort] = []
         self._stopping = False
         self._dead = False
+        self._failure: str | None = None  # the runner failed between steps (a worker exited)
         self.error: BaseException | None = None  # what killed the core thread
         # Loop side (guarded by _lock: several loops may use one engine).
         self._lock = threading.Lock()
@@ -171,6 +174,7 @@ class AsyncEngine:
             # otherwise libgomp makes the core thread's workers sleep between parallel
             # regions, -20-30% tokens/s on 2 cores).
             release_thread_pool()
+        engine.watch_failures(self._runner_failed)
         self._thread = threading.Thread(target=self._run, name="ignis-engine", daemon=True)
         self._thread.start()
 
@@ -279,7 +283,13 @@ class AsyncEngine:
 
     @property
     def healthy(self) -> bool:
-        return not self._dead and self._thread.is_alive()
+        return not self._dead and self._failure is None and self._thread.is_alive()
+
+    def _runner_failed(self, message: str) -> None:
+        """From the runner's watcher: wake the core thread, which then stops (see _run)."""
+        with self._cv:
+            self._failure = message
+            self._cv.notify()
 
     @property
     def stats(self) -> EngineStats:
@@ -358,10 +368,14 @@ class AsyncEngine:
                 torch.cuda.set_device(device)
             while True:
                 with self._cv:
-                    while not self._commands and not self._stopping and not engine.has_unfinished_requests():
+                    while (not self._commands and not self._stopping and self._failure is None
+                           and not engine.has_unfinished_requests()):
                         self._cv.wait()
                     commands, self._commands = self._commands, []
                     stopping = self._stopping
+                    if self._failure is not None:
+                        self._commands = commands  # answered with the open streams below
+                        raise FatalRunnerError(self._failure)
                 outputs: list[RequestOutput] = []
                 for cmd in commands:
                     if isinstance(cmd, _Add):
@@ -381,10 +395,17 @@ class AsyncEngine:
                 self._send(outputs, loops)
                 if stopping:
                     return
+        except FatalRunnerError as exc:
+            log.error("the engine stops: %s", exc)
+            self.error = exc
         except BaseException as exc:
             log.exception("the engine thread died")
             self.error = exc
         finally:
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001 - the streams below must still hear of it
+                log.exception("closing the engine's runner failed")
             with self._cv:
                 self._dead = True
                 leftovers, self._commands = self._commands, []

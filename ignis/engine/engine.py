@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 
@@ -27,7 +27,7 @@ import kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.grammar import GrammarState, ll_tokenizer
-from ignis.engine.model_runner import ModelRunner, StepResult
+from ignis.engine.model_runner import FatalRunnerError, ModelRunner, StepResult
 from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
 from ignis.engine.sampler import TopLogprobs
 from ignis.engine.sampling_params import SamplingParams
@@ -104,7 +104,15 @@ class LLMEngine:
         self.config = cfg
         self.loaded = loaded
         kernels.set_backend(getattr(cfg.kernel_backend, "value", cfg.kernel_backend))
-        if loaded.device.type == "cpu" and cfg.cpu_threads:
+        tp = int(cfg.tensor_parallel_size)
+        if tp < 1:
+            raise ValueError(f"engine.tensor_parallel_size must be at least 1, got {tp}")
+        if loaded.device.type == "cpu" and tp > 1:
+            # The ranks share this host's cores.
+            from ignis.engine.tensor_parallel import cpu_threads_per_rank
+
+            torch.set_num_threads(cpu_threads_per_rank(tp, cfg.cpu_threads))
+        elif loaded.device.type == "cpu" and cfg.cpu_threads:
             torch.set_num_threads(int(cfg.cpu_threads))
         # OpenMP's thread count is per calling thread: whoever steps the engine from another
         # thread (the AsyncEngine) must set it again there.
@@ -122,8 +130,7 @@ class LLMEngine:
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
         )
-        self.runner = ModelRunner(
-            loaded.model,
+        runner_kwargs = dict(
             num_blocks=self.num_blocks,
             block_size=cfg.block_size,
             max_num_seqs=cfg.max_num_seqs,
@@ -131,6 +138,15 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             pack_cpu_weights=cfg.cpu_pack_weights,
         )
+        self.runner: ModelRunner
+        if tp == 1:
+            self.runner = ModelRunner(loaded.model, **runner_kwargs)
+        else:
+            from ignis.engine.tensor_parallel import start_tensor_parallel
+
+            self.runner = start_tensor_parallel(
+                loaded, tp, **runner_kwargs, kernel_backend=kernels.get_backend(), cpu_threads=self.num_threads
+            )
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
@@ -235,6 +251,8 @@ class LLMEngine:
             return outputs
         try:
             result = self.runner.execute(batch)
+        except FatalRunnerError:
+            raise  # no request alone caused it: the engine cannot go on
         except Exception as exc:
             result = self._execute_alone(batch, exc)
         self.num_steps += 1
@@ -258,6 +276,8 @@ class LLMEngine:
         for i, (seq, num) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             try:
                 one = self.runner.execute(ScheduledBatch([seq], [num]))
+            except FatalRunnerError:
+                raise
             except Exception as alone:  # noqa: BLE001 - this request alone fails
                 log.exception("forward failed for request %s", seq.request_id, exc_info=alone)
                 errors[i] = f"engine step failed: {alone!r}"
@@ -372,6 +392,21 @@ class LLMEngine:
         )
         seq.new_token_ids, seq.new_text, seq.new_logprobs, seq.new_top_logprobs = [], [], [], []
         return out
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def watch_failures(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(message)` (from another thread) if the runner fails between steps:
+        a tensor-parallel worker that exits. Plain runners never do."""
+        if hasattr(self.runner, "on_failure"):
+            self.runner.on_failure = callback
+            failure = getattr(self.runner, "failure", None)
+            if failure is not None:
+                callback(failure)
+
+    def close(self) -> None:
+        """Release the runner's processes (tensor parallelism: stop every worker)."""
+        self.runner.close()
 
     # -- gauges and conveniences ----------------------------------------------------
 

@@ -48,6 +48,11 @@ class _CpuKvWriter:
         v_cache.view(rows, *v_cache.shape[2:]).index_copy_(0, self.slots, value.to(v_cache.dtype))
 
 
+class FatalRunnerError(RuntimeError):
+    """The runner cannot go on, whatever the batch (a tensor-parallel rank is gone, or the
+    ranks are out of step): the engine stops rather than retrying requests one by one."""
+
+
 @dataclass
 class StepResult:
     # Per batch.seqs entry: the sampled token (None: this row did not sample, or failed).
@@ -69,6 +74,22 @@ class StepResult:
             self.logprobs[i] = sampled.logprobs[k] if sampled.logprobs is not None else None
             if self.top_logprobs is not None and sampled.top_logprobs is not None:
                 self.top_logprobs[i] = sampled.top_logprobs[k]
+
+
+@dataclass
+class HostStep:
+    """One step's flat inputs on the host, rows in run order (decode rows first)."""
+
+    order: list[int]  # row -> index into the scheduled batch
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    block_tables: np.ndarray  # [S, width] int32, padded with -1
+    query_start_loc: np.ndarray  # [S + 1] int64
+    query_lens: np.ndarray  # [S] int64
+    seq_lens: np.ndarray  # [S] int64
+    sampling: list[int]  # the rows that sample
+    sample_idx: np.ndarray | None  # [len(sampling)] int64: their last token's index (None: every token)
 
 
 @dataclass
@@ -145,6 +166,10 @@ class ModelRunner:
 
     def prepare(self, batch: ScheduledBatch) -> DeviceBatch:
         """The step's inputs and attention metadata, built on the host and copied over."""
+        return self.device_batch(self.host_inputs(batch))
+
+    def host_inputs(self, batch: ScheduledBatch) -> HostStep:
+        """The step's flat arrays on the host (what tensor parallelism broadcasts)."""
         seqs, num_new = batch.seqs, batch.num_new_tokens
         # Decode rows (one new token) first: the CPU attention batches them.
         order = sorted(range(len(seqs)), key=lambda i: num_new[i] != 1)
@@ -172,14 +197,21 @@ class ModelRunner:
             row for row, i in enumerate(order)
             if not seqs[i].prewarm and seq_lens[row] == seqs[i].num_tokens
         ]
-        input_ids = self._tensor("input_ids", np.asarray(ids, dtype=np.int64))
-        pos_t = self._tensor("positions", positions)
-        meta = self._metadata(slots, tables, qsl, q_lens, seq_lens)
         sample_idx = None
         if sampling and len(sampling) != len(ids):  # only the rows that sample go through the head
-            sample_idx = self._tensor("sample_idx", qsl[np.asarray(sampling, dtype=np.int64) + 1] - 1)
+            sample_idx = qsl[np.asarray(sampling, dtype=np.int64) + 1] - 1
+        return HostStep(order, np.asarray(ids, dtype=np.int64), positions, slots, tables, qsl, q_lens, seq_lens,
+                        sampling, sample_idx)
+
+    def device_batch(self, host: HostStep) -> DeviceBatch:
+        """Copy a step's host arrays to the device, with the attention metadata."""
+        input_ids = self._tensor("input_ids", host.input_ids)
+        pos_t = self._tensor("positions", host.positions)
+        meta = self._metadata(host.slot_mapping, host.block_tables, host.query_start_loc, host.query_lens,
+                              host.seq_lens)
+        sample_idx = None if host.sample_idx is None else self._tensor("sample_idx", host.sample_idx)
         self._copies_enqueued()
-        return DeviceBatch(order, input_ids, pos_t, meta, sampling, sample_idx)
+        return DeviceBatch(host.order, input_ids, pos_t, meta, host.sampling, sample_idx)
 
     def _metadata(
         self, slots: np.ndarray, tables: np.ndarray, qsl: np.ndarray, q_lens: np.ndarray, seq_lens: np.ndarray
@@ -211,11 +243,24 @@ class ModelRunner:
         batch_index = [inputs.order[row] for row in inputs.sampling]
         rows = [batch.seqs[i] for i in batch_index]
         self.sampler.prefetch_masks(rows)  # grammar bitmasks fill while the model runs
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if not inputs.sampling:
+        logits = self.forward(inputs)
+        if logits is None:
             return result
-        if inputs.sample_idx is not None:
-            hidden = hidden.index_select(0, inputs.sample_idx)
-        logits = self.model.compute_logits(hidden) if self.head_op is None else self.head_op(hidden).float()
         result.fill(self.sampler.sample(logits, rows), batch_index)
         return result
+
+    def forward(self, inputs: DeviceBatch) -> torch.Tensor | None:
+        """The model over the step, then the head at the sampling rows (None: no row samples)."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if not inputs.sampling:
+            return None
+        if inputs.sample_idx is not None:
+            hidden = hidden.index_select(0, inputs.sample_idx)
+        return self.compute_logits(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [N, vocab] of final hidden rows (tensor parallelism gathers them here)."""
+        return self.model.compute_logits(hidden) if self.head_op is None else self.head_op(hidden).float()
+
+    def close(self) -> None:
+        """Release what the runner holds beyond memory (tensor parallelism: its workers)."""

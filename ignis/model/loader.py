@@ -92,6 +92,25 @@ def build_model(
     return model.eval()
 
 
+def load_dense(path: str, kind: str, *, dtype: torch.dtype, device: str | torch.device) -> Transformer:
+    """Only the weights of a GGUF file or HF directory, dense (dequantized): what a
+    tensor-parallel worker shards (no tokenizer, template or packed forms)."""
+    p = Path(path).expanduser()
+    if kind == "gguf":
+        import gguf
+
+        from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
+
+        reader = gguf.GGUFReader(p)
+        config = config_from_gguf(reader)
+        return build_model(config, iter_gguf_weights(reader, config), dtype=dtype, device=device)
+    if kind == "hf":
+        from ignis.model.hf_loader import iter_hf_weights, read_hf_config
+
+        return build_model(read_hf_config(p), iter_hf_weights(p), dtype=dtype, device=device)
+    raise ValueError(f"cannot load weights of a {kind!r} model")
+
+
 def _progress(items: Iterator[tuple[str, torch.Tensor]], total: int, enabled: bool, desc: str) -> Iterator[tuple[str, torch.Tensor]]:
     bar = tqdm(items, total=total, desc=desc, unit="tensor", disable=not enabled, leave=False)
     yield from bar

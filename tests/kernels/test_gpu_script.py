@@ -80,7 +80,8 @@ def test_dry_run_on_the_gpu_image(tmp_path):
         assert f"{module}: host-side preparation" in output
     assert "crashed" not in output
     tail = output.strip().splitlines()
-    assert tail[-1].startswith("token mask"), tail[-3:]  # the table is printed last (the last check's row)
+    assert ("tp=2 decode step", "qwen3-0.6b bs=1,16,64") in ops
+    assert tail[-1].startswith("tp=2 decode step"), tail[-3:]  # the table is printed last (the last check's row)
     assert any(line.startswith("op ") and "GB/s" in line for line in tail[-40:])
 
 

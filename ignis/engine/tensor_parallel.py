@@ -1,0 +1,289 @@
+"""Tensor parallelism: one engine, its model split over N ranks (ignis/model/sharding.py).
+
+Rank 0 is the engine everyone knows: scheduler, block manager, prefix cache and sampler
+live there, and its runner is a `TensorParallelRunner`. Every step it broadcasts the
+step's inputs once (ignis/engine/tp_group.py); the workers (ranks 1..N-1) run the same
+sharded forward, join its all-reduces and send their slice of the logits to rank 0, then
+wait for the next step. Rank 0 ends them with a shutdown message when the engine stops.
+
+Launch, either way:
+- `engine.tensor_parallel_size=N` alone: rank 0 (the server) spawns N-1 worker processes
+  (torch.multiprocessing, spawn) and they meet over a tcp:// rendezvous on 127.0.0.1.
+- under `torchrun` (several hosts): every process runs `ignis.serve` with the same
+  arguments; RANK 0 serves, the others call `run_worker` (env:// rendezvous).
+
+Failure: a worker that exits makes rank 0's next collective raise (gloo notices the closed
+connection at once; the compute group's timeout is the backstop), and a watcher thread
+notices a spawned worker's exit even while the engine idles. Either way the engine learns
+through `FatalRunnerError` / `on_failure` and stops: open requests fail, /health says 503.
+Workers exit when rank 0 goes (the control broadcast fails, and a spawned worker also
+watches its parent's pid), so none outlives the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from typing import Any
+
+import torch
+
+import kernels
+from ignis.engine.model_runner import FatalRunnerError, ModelRunner, StepResult
+from ignis.engine.scheduler import ScheduledBatch
+from ignis.engine.tp_group import TPGroup, WorkerSpec
+from ignis.model.sharding import plan_shard, shard_transformer
+from ignis.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+# Seconds a stopping rank 0 waits for its workers to exit before killing them.
+_JOIN_TIMEOUT = 15.0
+
+
+class TensorParallelRunner(ModelRunner):
+    """A ModelRunner over one rank's shard: rank 0 steps it like any runner (execute); a
+    worker serves rank 0's steps (serve_steps)."""
+
+    def __init__(self, shard: Transformer, group: TPGroup, vocab_size: int, **kwargs: Any) -> None:
+        super().__init__(shard, **kwargs)
+        self.group = group
+        self.vocab_size = vocab_size
+        self.workers: list[Any] = []  # rank 0, spawned workers: their processes
+        self.on_failure: Callable[[str], None] | None = None
+        self.failure: str | None = None
+        self._closing = False
+
+    # -- rank 0 -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        host = self.host_inputs(batch)  # a bad request fails here, before any worker hears of it
+        if self.failure is not None:
+            raise FatalRunnerError(self.failure)
+        try:
+            self.group.send_step(host)
+            return self.run(batch, self.device_batch(host))
+        except Exception as exc:
+            # Past the broadcast the ranks are in one collective sequence: any fault leaves
+            # them out of step, so no request is retried alone.
+            self._fail(f"tensor-parallel step failed: {exc!r}")
+            raise FatalRunnerError(self.failure) from exc
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        full = self.group.gather_logits(super().compute_logits(hidden))
+        if full is None:  # a worker: its slice went to rank 0
+            return hidden.new_empty(0)
+        return full[:, : self.vocab_size]
+
+    def watch(self, processes: list[Any]) -> None:
+        """Rank 0: report the first spawned worker that exits while the engine runs."""
+        self.workers = processes
+        if processes:
+            threading.Thread(target=self._watch, name="ignis-tp-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        by_sentinel = {p.sentinel: p for p in self.workers}
+        ready = wait(list(by_sentinel))
+        if self._closing:
+            return
+        p = by_sentinel[ready[0]]
+        p.join(1.0)
+        self._fail(f"tensor-parallel worker {p.name} (pid {p.pid}) exited with code {p.exitcode}")
+
+    def _fail(self, message: str) -> None:
+        if self.failure is not None or self._closing:
+            return
+        self.failure = message
+        log.error("%s: the engine stops", message)
+        if self.on_failure is not None:
+            self.on_failure(message)
+
+    def close(self) -> None:
+        """Rank 0: stop the workers (a shutdown message, then join; kill stragglers)."""
+        if self._closing:
+            return
+        self._closing = True
+        stopped = False
+        if self.failure is None:
+            try:
+                self.group.send_shutdown()
+                stopped = True
+            except Exception as exc:  # noqa: BLE001 - a worker already gone: kill the rest
+                log.warning("tensor parallel: shutdown message failed (%r)", exc)
+        if stopped:
+            _stop_processes(self.workers)
+        else:  # the survivors are out of step with rank 0: nothing to wait for
+            _stop_processes_now(self.workers)
+        self.group.close()
+
+    # -- workers ----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def serve_steps(self) -> None:
+        """A worker's loop: rank 0's steps until its shutdown message."""
+        while (host := self.group.recv_step()) is not None:
+            self.forward(self.device_batch(host))
+
+
+def _stop_processes(processes: list[Any]) -> None:
+    deadline = time.monotonic() + _JOIN_TIMEOUT
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            log.warning("tensor parallel: worker %s did not exit; killing it", p.name)
+            p.kill()
+            p.join(5.0)
+
+
+# -- launch -----------------------------------------------------------------------------
+
+
+def torchrun_env() -> tuple[int, int] | None:
+    """(rank, world size) when this process was launched by torchrun (or any env:// launcher)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_threads_per_rank(world: int, configured: int | None) -> int:
+    """CPU ranks on one host share its cores: each gets its share unless engine.cpu_threads says."""
+    if configured:
+        return int(configured)
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def start_tensor_parallel(
+    loaded: Any,
+    world: int,
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    pack_cpu_weights: bool,
+    kernel_backend: str,
+    cpu_threads: int,
+) -> TensorParallelRunner:
+    """Rank 0: start (or join) the workers, shard `loaded.model` and return the runner."""
+    model: Transformer = loaded.model
+    if loaded.kind == "scripted" or not isinstance(model, Transformer):
+        raise ValueError("tensor parallelism needs a real checkpoint (not the scripted model)")
+    plan_shard(model.config, 0, world)  # a config error before any process starts
+    env = torchrun_env()
+    processes: list[Any] = []
+    if env is not None:
+        if env != (0, world):
+            raise ValueError(f"engine.tensor_parallel_size={world}, but torchrun started rank {env[0]} "
+                             f"of {env[1]} here (rank 0 serves; WORLD_SIZE must equal the size)")
+        init_method = "env://"
+    else:
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = torch.multiprocessing.get_context("spawn")
+        for rank in range(1, world):
+            p = ctx.Process(target=_spawned_worker, args=(rank, world, model.device.type, init_method, os.getpid()),
+                            name=f"ignis-tp{rank}", daemon=True)
+            p.start()
+            processes.append(p)
+    try:
+        group = TPGroup(0, world, init_method, model.device)
+        spec = WorkerSpec(
+            model_path=loaded.path, model_kind=loaded.kind, dtype=str(model.dtype).removeprefix("torch."),
+            device_type=model.device.type, num_blocks=num_blocks, block_size=block_size,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len, pack_cpu_weights=pack_cpu_weights, kernel_backend=kernel_backend,
+            cpu_threads=cpu_threads,
+        )
+        group.share_spec(spec)
+        shard = shard_transformer(model, 0, world, group.all_reduce)
+        runner = TensorParallelRunner(shard, group, model.config.vocab_size, **_runner_kwargs(spec))
+        group.ready()
+    except BaseException:
+        _stop_processes_now(processes)
+        raise
+    runner.watch(processes)
+    log.info("tensor parallel: %d ranks ready (%s)", world, "torchrun" if env else "spawned workers")
+    return runner
+
+
+def _runner_kwargs(spec: WorkerSpec) -> dict[str, Any]:
+    return dict(num_blocks=spec.num_blocks, block_size=spec.block_size, max_num_seqs=spec.max_num_seqs,
+                max_num_batched_tokens=spec.max_num_batched_tokens, max_model_len=spec.max_model_len,
+                pack_cpu_weights=spec.pack_cpu_weights)
+
+
+def _stop_processes_now(processes: list[Any]) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+        p.join(5.0)
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+def run_worker(rank: int, world: int, device_type: str, init_method: str = "env://",
+               local_rank: int | None = None) -> int:
+    """A worker's life: join, load and shard the checkpoint rank 0 names, serve its steps.
+    device_type is rank 0's ("cuda": this worker takes GPU local_rank, default its rank)."""
+    from ignis.model.loader import load_dense
+
+    # Ctrl-C reaches every process of the terminal's group: rank 0 drains and then stops
+    # the workers itself, so they must not die first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", (rank if local_rank is None else local_rank) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    group = TPGroup(rank, world, init_method, device)
+    try:
+        spec = group.share_spec(None)
+        kernels.set_backend(spec.kernel_backend)  # type: ignore[arg-type]
+        torch.set_num_threads(spec.cpu_threads)
+        full = load_dense(spec.model_path, spec.model_kind, dtype=getattr(torch, spec.dtype), device=device)
+        shard = shard_transformer(full, rank, world, group.all_reduce)
+        vocab = full.config.vocab_size
+        del full  # only the shard stays
+        runner = TensorParallelRunner(shard, group, vocab, **_runner_kwargs(spec))
+        group.ready()
+        runner.serve_steps()
+        log.info("tensor parallel: rank %d stopping", rank)
+        return 0
+    finally:
+        group.close()
+
+
+def _spawned_worker(rank: int, world: int, device_type: str, init_method: str, parent: int) -> None:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s tp{rank} %(name)s: %(message)s")
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="ignis-tp-parent", daemon=True).start()
+    try:
+        code = run_worker(rank, world, device_type, init_method)
+    except Exception:
+        log.exception("tensor-parallel worker %d failed", rank)
+        code = 1
+    sys.exit(code)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A spawned worker whose server is gone (even while it still loads) exits."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+__all__ = ["TensorParallelRunner", "cpu_threads_per_rank", "run_worker", "start_tensor_parallel", "torchrun_env"]
