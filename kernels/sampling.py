@@ -12,6 +12,9 @@ penalties are all decided on the device (shapes depend only on B, V and the padd
 token-list widths), so a decode step never waits on the sampler. Capturing it in a
 CUDA graph should work for the same reason but is untested.
 
+On the CPU (no Triton) rows with top-k or top-p go through kernels.sampling_cpu: the
+reference's draw from the row's largest logits, without sorting the vocabulary.
+
 `logprob_distribution(logits, params)` is the [B, V] distribution those logprobs come
 from (for top logprobs: a row's most likely tokens, by the same numbers).
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import Backend, use_triton
+from kernels.sampling_cpu import sample_cpu
 from kernels.sampling_ref import logprob_distribution, sample_ref
 from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
@@ -48,4 +52,6 @@ def sample(
         from kernels.sampling_triton import sample_triton
 
         return sample_triton(logits, params, return_logprobs=return_logprobs, inplace_penalties=inplace_penalties)
+    if logits.device.type == "cpu":  # the reference's draw without its sort (reads flags back: free here)
+        return sample_cpu(logits, params, return_logprobs=return_logprobs, inplace_penalties=inplace_penalties)
     return sample_ref(logits, params, return_logprobs=return_logprobs, inplace_penalties=inplace_penalties)
