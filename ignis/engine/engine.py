@@ -36,9 +36,9 @@ from ignis.engine.scheduler import ScheduledBatch, Scheduler
 from ignis.engine.sequence import Sequence
 from ignis.engine.stop import TextStream
 from ignis.engine.thinking import BudgetState
-from ignis.model.kv_cache import kv_cache_bytes_per_block
 from ignis.engine.tp_group import RunnerSpec
 from ignis.model.config import ModelConfig
+from ignis.model.kv_cache import kv_cache_bytes_per_block
 from ignis.model.loader import LoadedModel
 
 if TYPE_CHECKING:

@@ -1,7 +1,15 @@
 """Tensor parallelism: one engine, its model split over N ranks (ignis/model/sharding.py).
 
 Rank 0 is the engine everyone knows: scheduler, block manager, prefix cache and sampler
-live there, and its runner is a `TensorParallelRunner`. Every step it broadcasts the
+live there, and its runner is a `TensorParallelRunner`.
+
+Memory: every rank, rank 0 included, loads only its shard, by path (ignis.model.loader.
+load_shard: the checkpoint is read on the CPU a tensor at a time and only the rank's slices
+go to its device), so no device ever holds the full model; a LoadedModel's own weights, if
+it has any, are not used (a TP server loads it without: load_model(weights=False)). The
+start is two-phase (`start_tensor_parallel`, then `TensorParallelStart.runner`): every
+rank loads, then rank 0 sizes the KV cache from its shard's KV heads and the device
+memory left beside the shard, and every rank allocates that many blocks. Every step it broadcasts the
 step's inputs once (ignis/engine/tp_group.py); the workers (ranks 1..N-1) run the same
 sharded forward, join its all-reduces and send their slice of the logits to rank 0, then
 wait for the next step. Rank 0 ends them with a shutdown message when the engine stops.

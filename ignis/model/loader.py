@@ -49,7 +49,7 @@ class LoadedModel:
     generation_defaults: dict[str, float | int] = field(default_factory=dict)
     # Where the weights live (or, without weights, where a shard of them will): the model's
     # own when there is one.
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ignis.model.config import ModelConfig
+from ignis.model.layers import Linear
 from ignis.model.transformer import Transformer
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the ranks, in place

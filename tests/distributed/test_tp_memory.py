@@ -44,8 +44,8 @@ def parameter_bytes(roots: Iterable[Any]) -> int:
 
 
 def _config(tp: int, **keys: Any) -> EngineConfig:
-    cfg = dict(kernel_backend=KernelBackend.torch, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
-               max_model_len=512, cpu_threads=1, tensor_parallel_size=tp)
+    cfg: dict[str, Any] = {"kernel_backend": KernelBackend.torch, "block_size": 4, "max_num_batched_tokens": 16,
+                           "max_num_seqs": 4, "max_model_len": 512, "cpu_threads": 1, "tensor_parallel_size": tp}
     return EngineConfig(**(cfg | keys))
 
 
