@@ -79,7 +79,8 @@ def generate(
 def run(cfg: GenerateConfig) -> int:
     from ignis.model import load_model_from_config
 
-    loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs)
+    # Tensor parallelism: the engine loads each rank's shard itself; no full copy here.
+    loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs, weights=cfg.engine.tensor_parallel_size == 1)
     engine = build_engine(loaded, cfg.engine)
     prompt = encode_prompt(loaded, cfg.prompt)
     params = SamplingParams(max_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)

@@ -10,7 +10,8 @@ named at all, the embedded model's group is used (`+model=smollm2-135m`).
 One process (Sanic's `single_process=True`): the model and the KV cache live here. With
 `engine.tensor_parallel_size=N` it starts N-1 worker processes for the model's other
 shards (ignis/engine/tensor_parallel.py); under `torchrun` every rank runs this entry
-point, rank 0 serves and the others become workers.
+point, rank 0 serves and the others become workers. Every rank, this one included, holds
+only its shard of the weights.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def run(cfg: IgnisConfig) -> int:
         if env is not None and env[0] != 0:  # a torchrun worker: rank 0 serves, this one computes
             return _torchrun_worker(cfg, *env)
         _dense_weights_for_tp(cfg)
-    loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs)
+    # Tensor parallelism: no full copy of the weights here; the engine loads rank 0's shard
+    # from the checkpoint itself, as every worker loads its own.
+    loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs, weights=tp == 1)
     engine = AsyncEngine(loaded, cfg.engine)
     app = create_app(cfg, loaded, engine)
     log.info("serving %s on http://%s:%d (OpenAI base_url http://%s:%d/v1)", loaded.name, cfg.server.host,

@@ -33,7 +33,7 @@ _HF_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "
 
 def save_hf_checkpoint(model: Any, path: Path) -> Path:
     """A dense Transformer as a Hugging Face directory (config.json + model.safetensors):
-    what ignis.model.loader.load_dense reads back in each worker."""
+    what ignis.model.loader.load_shard reads back on every rank."""
     from safetensors.torch import save_file  # imported here: the GPU dry run hides it
 
     c = model.config

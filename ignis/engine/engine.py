@@ -19,7 +19,8 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,8 +36,13 @@ from ignis.engine.scheduler import ScheduledBatch, Scheduler
 from ignis.engine.sequence import Sequence
 from ignis.engine.stop import TextStream
 from ignis.engine.thinking import BudgetState
+from ignis.engine.tp_group import RunnerSpec
+from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import kv_cache_bytes_per_block
 from ignis.model.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from ignis.engine.tensor_parallel import TensorParallelStart
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +71,17 @@ class EngineStats:
     num_room_waiters: int = 0
 
 
-def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
+def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig, shard: ModelConfig | None = None,
+                        ranks_on_host: int = 1) -> int:
     """cfg.num_kv_blocks, else the memory budget (kv_cache_gib, or auto) / bytes per block,
-    at most max_num_seqs full-length sequences."""
+    at most max_num_seqs full-length sequences. Tensor parallelism: `shard` is this rank's
+    config (its cache holds only its KV heads) and every rank allocates as many blocks;
+    on CUDA the free memory is measured beside the shard, and on the CPU the automatic
+    budget is split between the `ranks_on_host` processes that share the RAM."""
     if cfg.num_kv_blocks is not None:
         return int(cfg.num_kv_blocks)
-    per_block = kv_cache_bytes_per_block(loaded.config, cfg.block_size, loaded.dtype)
+    kv_config = shard or loaded.config
+    per_block = kv_cache_bytes_per_block(kv_config, cfg.block_size, loaded.dtype)
     if cfg.kv_cache_gib is not None:
         budget = cfg.kv_cache_gib * _GIB
     elif loaded.device.type == "cuda":
@@ -81,19 +92,23 @@ def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig) -> int:
         # exceeds a quarter of the memory free now. Pages are touched as blocks fill
         # (allocate_kv_caches), so an idle server's resident memory stays small either way.
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        budget = CPU_KV_MEMORY_FRACTION * available
+        budget = CPU_KV_MEMORY_FRACTION * available / ranks_on_host
     # More blocks than every sequence at full length can hold only feed the prefix cache;
     # the cap matters for tiny-KV models (the scripted one), whose budget would be millions.
     model_len = cfg.max_model_len or loaded.config.max_position_embeddings
     cap = cfg.max_num_seqs * -(-model_len // cfg.block_size)
     blocks = max(1, min(cap, int(budget // per_block)))
+    source = (", engine.kv_cache_gib" if cfg.kv_cache_gib is not None else
+              ", 90% of free GPU memory" if loaded.device.type == "cuda" else
+              f", {CPU_KV_MEMORY_FRACTION:.0%} of free RAM" + (f" / {ranks_on_host} ranks" if ranks_on_host > 1 else ""))
+    per_rank = ("" if shard is None else
+                f" per rank, {per_block / 1024:.1f} KiB a block: the shard's {shard.num_kv_heads} of "
+                f"{loaded.config.num_kv_heads} KV heads")
     log.info(
-        "KV cache: %d blocks (%.2f GiB): %s (max_num_seqs %d x %d tokens = %d blocks; budget %.2f GiB%s)",
-        blocks, blocks * per_block / _GIB,
+        "KV cache: %d blocks (%.2f GiB%s): %s (max_num_seqs %d x %d tokens = %d blocks; budget %.2f GiB%s)",
+        blocks, blocks * per_block / _GIB, per_rank,
         "every sequence at full length" if blocks == cap else "the memory budget",
-        cfg.max_num_seqs, model_len, cap, budget / _GIB,
-        ", engine.kv_cache_gib" if cfg.kv_cache_gib is not None else
-        (", 90% of free GPU memory" if loaded.device.type == "cuda" else f", {CPU_KV_MEMORY_FRACTION:.0%} of free RAM"),
+        cfg.max_num_seqs, model_len, cap, budget / _GIB, source,
     )
     return blocks
 
@@ -118,35 +133,30 @@ class LLMEngine:
         # thread (the AsyncEngine) must set it again there.
         self.num_threads = torch.get_num_threads()
         self.block_size = cfg.block_size
-        self.num_blocks = kv_cache_num_blocks(loaded, cfg)
-        model_len = cfg.max_model_len or loaded.config.max_position_embeddings
-        # One sequence alone always fits in the cache, so preemption always makes progress.
-        self.max_model_len = min(model_len, self.num_blocks * cfg.block_size)
-        self.block_manager = BlockManager(
-            self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
-        )
-        self.scheduler = Scheduler(
-            self.block_manager,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-        )
-        runner_kwargs = dict(
-            num_blocks=self.num_blocks,
-            block_size=cfg.block_size,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            pack_cpu_weights=cfg.cpu_pack_weights,
-        )
-        self.runner: ModelRunner
+        tp_start = None
         if tp == 1:
-            self.runner = ModelRunner(loaded.model, **runner_kwargs)
+            if loaded.model is None:
+                raise ValueError("this model was loaded without weights (load_model(weights=False)): "
+                                 "only a tensor-parallel engine, which loads its shards itself, can serve it")
+            kv_config = loaded.config
         else:
             from ignis.engine.tensor_parallel import start_tensor_parallel
 
-            self.runner = start_tensor_parallel(
-                loaded, tp, **runner_kwargs, kernel_backend=kernels.get_backend(), cpu_threads=self.num_threads
-            )
+            # Every rank loads only its shard; the engine keeps no reference to any full
+            # weights the caller loaded (they are its to drop).
+            if loaded.model is not None:
+                log.info("tensor parallel: rank 0 loads its shard from %s; the full weights loaded here are "
+                         "not used (load_model(weights=False) skips them)", loaded.path)
+            tp_start = start_tensor_parallel(loaded, tp, kernel_backend=kernels.get_backend(),
+                                             cpu_threads=self.num_threads)
+            self.loaded = loaded = loaded.without_weights()
+            kv_config = tp_start.shard.config
+        try:
+            self._start(loaded, cfg, kv_config, tp_start)
+        except BaseException:
+            if tp_start is not None:
+                tp_start.abort()
+            raise
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
@@ -159,9 +169,37 @@ class LLMEngine:
             "engine: %d KV blocks of %d tokens (%.2f GiB), max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d, prefix caching %s",
             self.num_blocks, cfg.block_size,
-            self.num_blocks * kv_cache_bytes_per_block(loaded.config, cfg.block_size, loaded.dtype) / _GIB,
+            self.num_blocks * kv_cache_bytes_per_block(self.kv_config, cfg.block_size, loaded.dtype) / _GIB,
             self.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching,
         )
+
+    def _start(self, loaded: LoadedModel, cfg: EngineConfig, kv_config: ModelConfig,
+               tp_start: TensorParallelStart | None) -> None:
+        """Size the KV cache (at tensor parallelism: once rank 0's shard is on its device,
+        from the shard's KV heads), then build the block manager, scheduler and runner."""
+        self.kv_config = kv_config  # the model's, or this rank's shard's
+        self.num_blocks = kv_cache_num_blocks(loaded, cfg, None if tp_start is None else kv_config,
+                                              1 if tp_start is None else tp_start.ranks_on_host)
+        model_len = cfg.max_model_len or loaded.config.max_position_embeddings
+        # One sequence alone always fits in the cache, so preemption always makes progress.
+        self.max_model_len = min(model_len, self.num_blocks * cfg.block_size)
+        self.block_manager = BlockManager(
+            self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+        )
+        spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                          max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,
+                          pack_cpu_weights=cfg.cpu_pack_weights)
+        self.runner: ModelRunner
+        if tp_start is None:
+            assert loaded.model is not None
+            self.runner = ModelRunner(loaded.model, **asdict(spec))
+        else:
+            self.runner = tp_start.runner(spec)
 
     # -- requests -------------------------------------------------------------------
 

@@ -1,7 +1,15 @@
 """Tensor parallelism: one engine, its model split over N ranks (ignis/model/sharding.py).
 
 Rank 0 is the engine everyone knows: scheduler, block manager, prefix cache and sampler
-live there, and its runner is a `TensorParallelRunner`. Every step it broadcasts the
+live there, and its runner is a `TensorParallelRunner`.
+
+Memory: every rank, rank 0 included, loads only its shard, by path (ignis.model.loader.
+load_shard: the checkpoint is read on the CPU a tensor at a time and only the rank's slices
+go to its device), so no device ever holds the full model; a LoadedModel's own weights, if
+it has any, are not used (a TP server loads it without: load_model(weights=False)). The
+start is two-phase (`start_tensor_parallel`, then `TensorParallelStart.runner`): every
+rank loads, then rank 0 sizes the KV cache from its shard's KV heads and the device
+memory left beside the shard, and every rank allocates that many blocks. Every step it broadcasts the
 step's inputs once (ignis/engine/tp_group.py); the workers (ranks 1..N-1) run the same
 sharded forward, join its all-reduces and send their slice of the logits to rank 0, then
 wait for the next step. Rank 0 ends them with a shutdown message when the engine stops.
@@ -30,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -38,14 +47,15 @@ import torch
 import kernels
 from ignis.engine.model_runner import FatalRunnerError, ModelRunner, StepResult
 from ignis.engine.scheduler import ScheduledBatch
-from ignis.engine.tp_group import TPGroup, WorkerSpec
-from ignis.model.sharding import plan_shard, shard_transformer
+from ignis.engine.tp_group import RunnerSpec, ShardSpec, TPGroup
+from ignis.model.sharding import plan_shard, shard_parameter_bytes
 from ignis.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
 # Seconds a stopping rank 0 waits for its workers to exit before killing them.
 _JOIN_TIMEOUT = 15.0
+_MIB = 1 << 20
 
 
 class TensorParallelRunner(ModelRunner):
@@ -167,24 +177,45 @@ def cpu_threads_per_rank(world: int, configured: int | None) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def start_tensor_parallel(
-    loaded: Any,
-    world: int,
-    *,
-    num_blocks: int,
-    block_size: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    max_model_len: int,
-    pack_cpu_weights: bool,
-    kernel_backend: str,
-    cpu_threads: int,
-) -> TensorParallelRunner:
-    """Rank 0: start (or join) the workers, shard `loaded.model` and return the runner."""
-    model: Transformer = loaded.model
-    if loaded.kind == "scripted" or not isinstance(model, Transformer):
+class TensorParallelStart:
+    """Rank 0 between loading and serving: every rank holds (or is loading) its shard, and
+    no KV cache exists yet, so that the engine sizes it from the memory left beside the
+    shard. `runner` then finishes the start; `abort` undoes it."""
+
+    def __init__(self, group: TPGroup, shard: Transformer, processes: list[Any], launcher: str) -> None:
+        self.group, self.shard, self.processes, self.launcher = group, shard, processes, launcher
+
+    @property
+    def ranks_on_host(self) -> int:
+        """Ranks sharing this host's memory: every rank when spawned, torchrun's local count."""
+        if self.launcher == "torchrun":
+            return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return self.group.world
+
+    def runner(self, spec: RunnerSpec) -> TensorParallelRunner:
+        try:
+            self.group.share(spec)
+            runner = TensorParallelRunner(self.shard, self.group, self.shard.config.vocab_size, **asdict(spec))
+            self.group.ready()
+        except BaseException:
+            self.abort()
+            raise
+        runner.watch(self.processes)
+        log.info("tensor parallel: %d ranks ready (%s)", self.group.world, self.launcher)
+        return runner
+
+    def abort(self) -> None:
+        _stop_processes_now(self.processes)
+        self.group.close()
+
+
+def start_tensor_parallel(loaded: Any, world: int, *, kernel_backend: str, cpu_threads: int) -> TensorParallelStart:
+    """Rank 0: start (or join) the workers, and load rank 0's shard from the checkpoint at
+    `loaded.path` while they load theirs; the weights of `loaded`, if any, are not used."""
+    if loaded.kind == "scripted":
         raise ValueError("tensor parallelism needs a real checkpoint (not the scripted model)")
-    plan_shard(model.config, 0, world)  # a config error before any process starts
+    plan_shard(loaded.config, 0, world)  # a config error before any process starts
+    device: torch.device = loaded.device
     env = torchrun_env()
     processes: list[Any] = []
     if env is not None:
@@ -196,35 +227,36 @@ def start_tensor_parallel(
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         ctx = torch.multiprocessing.get_context("spawn")
         for rank in range(1, world):
-            p = ctx.Process(target=_spawned_worker, args=(rank, world, model.device.type, init_method, os.getpid()),
+            p = ctx.Process(target=_spawned_worker, args=(rank, world, device.type, init_method, os.getpid()),
                             name=f"ignis-tp{rank}", daemon=True)
             p.start()
             processes.append(p)
+    group: TPGroup | None = None
     try:
-        group = TPGroup(0, world, init_method, model.device)
-        spec = WorkerSpec(
-            model_path=loaded.path, model_kind=loaded.kind, dtype=str(model.dtype).removeprefix("torch."),
-            device_type=model.device.type, num_blocks=num_blocks, block_size=block_size,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len, pack_cpu_weights=pack_cpu_weights, kernel_backend=kernel_backend,
-            cpu_threads=cpu_threads,
-        )
-        group.share_spec(spec)
-        shard = shard_transformer(model, 0, world, group.all_reduce)
-        runner = TensorParallelRunner(shard, group, model.config.vocab_size, **_runner_kwargs(spec))
-        group.ready()
+        group = TPGroup(0, world, init_method, device)
+        group.share(ShardSpec(model_path=loaded.path, model_kind=loaded.kind,
+                              dtype=str(loaded.dtype).removeprefix("torch."), device_type=device.type,
+                              kernel_backend=kernel_backend, cpu_threads=cpu_threads))
+        shard = _load_shard(loaded.path, loaded.kind, 0, world, group, loaded.dtype, device)
+        log.info("tensor parallel: the full model's weights would take %.1f MiB on one device",
+                 shard_parameter_bytes(loaded.config, 0, 1, loaded.dtype) / _MIB)
     except BaseException:
         _stop_processes_now(processes)
+        if group is not None:
+            group.close()
         raise
-    runner.watch(processes)
-    log.info("tensor parallel: %d ranks ready (%s)", world, "torchrun" if env else "spawned workers")
-    return runner
+    return TensorParallelStart(group, shard, processes, "torchrun" if env else "spawned workers")
 
 
-def _runner_kwargs(spec: WorkerSpec) -> dict[str, Any]:
-    return dict(num_blocks=spec.num_blocks, block_size=spec.block_size, max_num_seqs=spec.max_num_seqs,
-                max_num_batched_tokens=spec.max_num_batched_tokens, max_model_len=spec.max_model_len,
-                pack_cpu_weights=spec.pack_cpu_weights)
+def _load_shard(path: str, kind: str, rank: int, world: int, group: TPGroup, dtype: torch.dtype,
+                device: torch.device) -> Transformer:
+    from ignis.model.loader import load_shard
+
+    start = time.perf_counter()
+    shard = load_shard(path, kind, rank, world, group.all_reduce, dtype=dtype, device=device)
+    log.info("tensor parallel: rank %d loaded its shard, %.1f MiB of weights on %s, in %.1f s", rank,
+             sum(t.nbytes for t in shard.parameters()) / _MIB, device, time.perf_counter() - start)
+    return shard
 
 
 def _stop_processes_now(processes: list[Any]) -> None:
@@ -239,10 +271,9 @@ def _stop_processes_now(processes: list[Any]) -> None:
 
 def run_worker(rank: int, world: int, device_type: str, init_method: str = "env://",
                local_rank: int | None = None) -> int:
-    """A worker's life: join, load and shard the checkpoint rank 0 names, serve its steps.
-    device_type is rank 0's ("cuda": this worker takes GPU local_rank, default its rank)."""
-    from ignis.model.loader import load_dense
-
+    """A worker's life: join, load the shard of the checkpoint rank 0 names, build the
+    runner rank 0 sizes, serve its steps. device_type is rank 0's ("cuda": this worker takes
+    GPU local_rank, default its rank)."""
     # Ctrl-C reaches every process of the terminal's group: rank 0 drains and then stops
     # the workers itself, so they must not die first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -252,14 +283,12 @@ def run_worker(rank: int, world: int, device_type: str, init_method: str = "env:
         torch.cuda.set_device(device)
     group = TPGroup(rank, world, init_method, device)
     try:
-        spec = group.share_spec(None)
+        spec: ShardSpec = group.share(None)
         kernels.set_backend(spec.kernel_backend)  # type: ignore[arg-type]
         torch.set_num_threads(spec.cpu_threads)
-        full = load_dense(spec.model_path, spec.model_kind, dtype=getattr(torch, spec.dtype), device=device)
-        shard = shard_transformer(full, rank, world, group.all_reduce)
-        vocab = full.config.vocab_size
-        del full  # only the shard stays
-        runner = TensorParallelRunner(shard, group, vocab, **_runner_kwargs(spec))
+        shard = _load_shard(spec.model_path, spec.model_kind, rank, world, group, getattr(torch, spec.dtype), device)
+        sizes: RunnerSpec = group.share(None)
+        runner = TensorParallelRunner(shard, group, shard.config.vocab_size, **asdict(sizes))
         group.ready()
         runner.serve_steps()
         log.info("tensor parallel: rank %d stopping", rank)
@@ -286,4 +315,5 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(1)
 
 
-__all__ = ["TensorParallelRunner", "cpu_threads_per_rank", "run_worker", "start_tensor_parallel", "torchrun_env"]
+__all__ = ["TensorParallelRunner", "TensorParallelStart", "cpu_threads_per_rank", "run_worker", "start_tensor_parallel",
+           "torchrun_env"]

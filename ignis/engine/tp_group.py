@@ -1,7 +1,7 @@
 """The process groups of a tensor-parallel engine and the messages between its ranks.
 
 Two groups over the same ranks:
-- control (gloo, host tensors, a long timeout): rank 0's start-up spec and each step's
+- control (gloo, host tensors, a long timeout): rank 0's start-up specs and each step's
   inputs. Workers wait here between steps, for as long as the server idles.
 - compute (NCCL on CUDA, gloo on the CPU, a short timeout): the all-reduces of the
   row-parallel projections and the logits gather. A peer that dies closes its
@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -37,22 +37,33 @@ _STEP, _SHUTDOWN = 1, 2
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
-    """What rank 0 tells every worker at start-up: where the checkpoint is and the engine's
-    shape, so that every rank allocates the same KV cache and builds the same batches."""
+class ShardSpec:
+    """What rank 0 tells every worker first: the checkpoint to load its shard from, and how.
+    Every rank loads at once; the KV cache is sized only after (RunnerSpec), from the
+    device memory left beside rank 0's shard."""
 
     model_path: str
     model_kind: str
     dtype: str  # "float32", "bfloat16", ...
     device_type: str  # "cpu" or "cuda"
+    kernel_backend: str
+    cpu_threads: int
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """Then the engine's shape, so that every rank allocates the same KV cache and builds
+    the same batches."""
+
     num_blocks: int
     block_size: int
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
     pack_cpu_weights: bool
-    kernel_backend: str
-    cpu_threads: int
+
+
+Spec = TypeVar("Spec", ShardSpec, RunnerSpec)
 
 
 class TPGroup:
@@ -71,7 +82,7 @@ class TPGroup:
 
     # -- start-up -------------------------------------------------------------------
 
-    def share_spec(self, spec: WorkerSpec | None) -> WorkerSpec:
+    def share(self, spec: Spec | None) -> Spec:
         """Rank 0 sends its spec; every other rank receives it."""
         box: list[Any] = [spec]
         dist.broadcast_object_list(box, src=0, group=self.control)
@@ -145,4 +156,4 @@ class TPGroup:
             dist.destroy_process_group()
 
 
-__all__ = ["COMPUTE_TIMEOUT", "CONTROL_TIMEOUT", "TPGroup", "WorkerSpec"]
+__all__ = ["COMPUTE_TIMEOUT", "CONTROL_TIMEOUT", "RunnerSpec", "ShardSpec", "TPGroup"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ignis.model.config import ModelConfig
+from ignis.model.sharding import AllReduce, build_shard
 from ignis.model.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -32,7 +33,9 @@ _DTYPES = {
 
 @dataclass
 class LoadedModel:
-    model: Transformer
+    # None: loaded without weights (`load_model(weights=False)`), as a tensor-parallel
+    # server's rank 0 is: its engine loads only rank 0's shard (ignis/engine/tensor_parallel.py).
+    model: Transformer | None
     config: ModelConfig
     tokenizer: Tokenizer
     chat_template: ChatTemplate
@@ -44,14 +47,18 @@ class LoadedModel:
     reasoning: bool | None = None
     # Sampling defaults the checkpoint ships (generation_config.json, GGUF general.sampling.*).
     generation_defaults: dict[str, float | int] = field(default_factory=dict)
+    # Where the weights live (or, without weights, where a shard of them will): the model's
+    # own when there is one.
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype = torch.float32
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
+    def __post_init__(self) -> None:
+        if self.model is not None:
+            self.device, self.dtype = self.model.device, self.model.dtype
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.dtype
+    def without_weights(self) -> LoadedModel:
+        """This model's config, tokenizer and template, no longer referencing its weights."""
+        return replace(self, model=None)
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -92,9 +99,12 @@ def build_model(
     return model.eval()
 
 
-def load_dense(path: str, kind: str, *, dtype: torch.dtype, device: str | torch.device) -> Transformer:
-    """Only the weights of a GGUF file or HF directory, dense (dequantized): what a
-    tensor-parallel worker shards (no tokenizer, template or packed forms)."""
+def load_shard(path: str, kind: str, rank: int, world: int, all_reduce: AllReduce, *, dtype: torch.dtype,
+               device: str | torch.device) -> Transformer:
+    """Rank `rank`'s tensor-parallel shard of a GGUF file or HF directory, dense
+    (dequantized). The checkpoint is read on the CPU one tensor at a time (safetensors and
+    GGUF are memory-mapped) and only this rank's slice of each goes to `device`, so a
+    device never holds more than its shard."""
     p = Path(path).expanduser()
     if kind == "gguf":
         import gguf
@@ -103,11 +113,12 @@ def load_dense(path: str, kind: str, *, dtype: torch.dtype, device: str | torch.
 
         reader = gguf.GGUFReader(p)
         config = config_from_gguf(reader)
-        return build_model(config, iter_gguf_weights(reader, config), dtype=dtype, device=device)
+        return build_shard(config, iter_gguf_weights(reader, config), rank, world, all_reduce,
+                           dtype=dtype, device=device)
     if kind == "hf":
         from ignis.model.hf_loader import iter_hf_weights, read_hf_config
 
-        return build_model(read_hf_config(p), iter_hf_weights(p), dtype=dtype, device=device)
+        return build_shard(read_hf_config(p), iter_hf_weights(p), rank, world, all_reduce, dtype=dtype, device=device)
     raise ValueError(f"cannot load weights of a {kind!r} model")
 
 
@@ -127,6 +138,7 @@ def load_model(
     script: str | None = None,
     weight_form: str = "float32",
     max_num_seqs: int | None = None,
+    weights: bool = True,
 ) -> LoadedModel:
     """Load weights, tokenizer and chat template. path None means the embedded SmolLM2 GGUF;
     kind is inferred from the path (a .gguf file, or a directory holding config.json).
@@ -135,7 +147,9 @@ def load_model(
     "smollm2-135m" for the embedded model.
     weight_form: "float32" (dequantize, as the reference), "bfloat16" or "quantized" (GGUF
     on the CPU: compact packed GEMMs, see ignis/model/packed.py) or "auto" (chosen from the
-    file, the device and max_num_seqs, the engine batch it will serve)."""
+    file, the device and max_num_seqs, the engine batch it will serve).
+    weights False: config, tokenizer and template only (model None), for a tensor-parallel
+    engine, which loads each rank's shard itself."""
     if kind == "scripted":
         return _load_scripted(script, resolve_device(device), name)
     if path is None:
@@ -148,23 +162,27 @@ def load_model(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     start = time.perf_counter()
-    log.info("loading %s model from %s (%s on %s)", kind, p, dt, dev)
+    log.info("loading %s model from %s (%s on %s%s)", kind, p, dt, dev, "" if weights else ", without weights")
     if kind == "gguf":
         # An explicit dtype asks for dense weights of that dtype: "auto" then dequantizes.
         form = "float32" if weight_form == "auto" and dtype != "auto" else weight_form
-        parts = _load_gguf(p, dt, dev, form, max_num_seqs, progress)
+        parts = _load_gguf(p, dt, dev, form, max_num_seqs, progress, weights)
     elif kind == "hf":
-        parts = _load_hf(p, dt, dev, weight_form, max_num_seqs, progress)
+        parts = _load_hf(p, dt, dev, weight_form, max_num_seqs, progress, weights)
     else:
         raise ValueError(f"kind must be 'gguf' or 'hf', got {kind!r}")
     name = name or (p.stem if kind == "gguf" else p.name)
     _release_freed_heap()
     model, config = parts.model, parts.config
-    params = sum(t.numel() for t in model.parameters())
-    log.info(
-        "loaded %s: %s, %d layers, %.1fM parameters (%s weights), in %.1f s",
-        name, config.family, config.num_layers, params / 1e6, model.weight_form, time.perf_counter() - start,
-    )
+    if model is None:
+        log.info("loaded %s without weights: %s, %d layers, in %.1f s", name, config.family, config.num_layers,
+                 time.perf_counter() - start)
+    else:
+        params = sum(t.numel() for t in model.parameters())
+        log.info(
+            "loaded %s: %s, %d layers, %.1fM parameters (%s weights), in %.1f s",
+            name, config.family, config.num_layers, params / 1e6, model.weight_form, time.perf_counter() - start,
+        )
     return LoadedModel(
         model=model,
         config=config,
@@ -175,6 +193,8 @@ def load_model(
         path=str(p),
         kind=kind,
         generation_defaults=parts.defaults,
+        device=dev,
+        dtype=dt,
     )
 
 
@@ -182,7 +202,7 @@ def load_model(
 class _Checkpoint:
     """What a loader reads from one checkpoint."""
 
-    model: Transformer
+    model: Transformer | None  # None: loaded without weights
     config: ModelConfig
     tokenizer: Tokenizer
     template: ChatTemplate
@@ -190,7 +210,8 @@ class _Checkpoint:
 
 
 def _load_gguf(
-    path: Path, dtype: torch.dtype, device: torch.device, weight_form: str, max_num_seqs: int | None, progress: bool
+    path: Path, dtype: torch.dtype, device: torch.device, weight_form: str, max_num_seqs: int | None, progress: bool,
+    weights: bool = True,
 ) -> _Checkpoint:
     import gguf
 
@@ -207,16 +228,18 @@ def _load_gguf(
     def bar(items: Iterator[tuple[str, Any]], desc: str) -> Iterator[tuple[str, Any]]:
         return _progress(items, len(reader.tensors), progress, desc)
 
-    if form == "float32":
+    model: Transformer | None = None
+    if weights and form == "float32":
         model = build_model(config, bar(iter_gguf_weights(reader, config), "dequantizing"), dtype=dtype, device=device)
-    else:
+    elif weights:
         model = load_packed_gguf(reader, config, form, lambda items: bar(items, f"packing ({form})"))
     # Everything is copied out of the file's memmap, which goes with the reader.
     return _Checkpoint(model, config, Tokenizer.from_gguf(reader), ChatTemplate.from_gguf(reader), from_gguf(reader))
 
 
 def _load_hf(
-    path: Path, dtype: torch.dtype, device: torch.device, weight_form: str, max_num_seqs: int | None, progress: bool
+    path: Path, dtype: torch.dtype, device: torch.device, weight_form: str, max_num_seqs: int | None, progress: bool,
+    weights: bool = True,
 ) -> _Checkpoint:
     from ignis.model.chat_template import ChatTemplate
     from ignis.model.generation_config import from_hf_dir
@@ -227,8 +250,10 @@ def _load_hf(
     if resolve_weight_form(weight_form, kind="hf", device=device, max_num_seqs=max_num_seqs) != "float32":
         raise ValueError("packed weight forms are built from GGUF files; use model.dtype for HF checkpoints")
     config = read_hf_config(path)
-    weights = _progress(iter_hf_weights(path), len(hf_tensor_names(path)), progress, "loading weights")
-    model = build_model(config, weights, dtype=dtype, device=device)
+    model = None
+    if weights:
+        tensors = _progress(iter_hf_weights(path), len(hf_tensor_names(path)), progress, "loading weights")
+        model = build_model(config, tensors, dtype=dtype, device=device)
     return _Checkpoint(model, config, Tokenizer.from_hf_dir(path), ChatTemplate.from_hf_dir(path), from_hf_dir(path))
 
 
@@ -270,9 +295,10 @@ def _load_scripted(script: str | None, device: torch.device, name: str | None) -
     )
 
 
-def load_model_from_config(cfg: Any, max_num_seqs: int | None = None) -> LoadedModel:
+def load_model_from_config(cfg: Any, max_num_seqs: int | None = None, *, weights: bool = True) -> LoadedModel:
     """`load_model` with the keys of the `model` config group (ignis.config.ModelSettings);
-    max_num_seqs (the engine's) lets weight_form "auto" pick for the batch it will serve."""
+    max_num_seqs (the engine's) lets weight_form "auto" pick for the batch it will serve;
+    weights as load_model's."""
     fmt = getattr(cfg.format, "value", cfg.format)
     return load_model(
         cfg.path,
@@ -283,4 +309,5 @@ def load_model_from_config(cfg: Any, max_num_seqs: int | None = None) -> LoadedM
         script=cfg.script,
         weight_form=getattr(cfg.weight_form, "value", cfg.weight_form),
         max_num_seqs=max_num_seqs,
+        weights=weights,
     )

@@ -1,7 +1,7 @@
 """Megatron-style tensor-parallel shards of a Transformer, one per rank.
 
     plan = plan_shard(config, rank, world)            # raises ValueError when it cannot shard
-    shard = shard_transformer(full, rank, world, all_reduce)
+    shard = build_shard(config, checkpoint_weights, rank, world, all_reduce, dtype=..., device=...)
 
 - q|k|v and gate|up are column-parallel: each rank keeps its heads' rows (q heads split
   evenly; KV heads split when there are at least `world` of them, otherwise each rank keeps
@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -46,7 +46,7 @@ class ShardPlan:
     def config(self, full: ModelConfig) -> ModelConfig:
         """The shard's architecture: fewer heads, a narrower MLP; vocabulary and hidden size
         as the full model's (the embedding is replicated). tie_word_embeddings only spares
-        allocating a full head that shard_transformer replaces by its slice at once."""
+        allocating a full head: build_shard gives the shard its slice of the head instead."""
         return replace(full, num_heads=len(self.q_heads), num_kv_heads=len(self.kv_heads),
                        intermediate_size=len(self.intermediate), tie_word_embeddings=True)
 
@@ -108,59 +108,81 @@ def _head_rows(t: torch.Tensor, heads: range, head_dim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def shard_transformer(full: Transformer, rank: int, world: int, all_reduce: AllReduce) -> Transformer:
-    """Rank `rank`'s shard of a loaded dense model (same dtype and device); `all_reduce`
-    joins the row-parallel projections. The full model is left as it was."""
-    if full.embed_op is not None or full.head_op is not None:
-        raise ValueError("tensor parallelism needs dense weights: set model.weight_form=float32")
-    c = full.config
-    plan = plan_shard(c, rank, world)
-    local = plan.config(c)
-    device, d = full.device, c.head_dim
-    shard = Transformer(local, dtype=full.dtype, device=device)
-    shard.embed_tokens.copy_(full.embed_tokens)
-    shard.norm.weight.copy_(full.norm.weight)
-    head = torch.zeros(len(plan.vocab), c.hidden_size, dtype=full.dtype, device=device)
-    own = range(plan.vocab.start, min(plan.vocab.stop, c.vocab_size))
-    head[: len(own)] = _rows(full.lm_head, own)
+def build_shard(config: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]], rank: int, world: int,
+                all_reduce: AllReduce, *, dtype: torch.dtype, device: torch.device | str) -> Transformer:
+    """Rank `rank`'s shard, filled from a checkpoint's (name, tensor) pairs (transformers'
+    unfused names, as Transformer.load_weights takes them). Only the shard is allocated on
+    `device`: each tensor is cut on its own device (the loaders' CPU) and just the rank's
+    slice is copied over. `all_reduce` joins the row-parallel projections."""
+    plan = plan_shard(config, rank, world)
+    shard = Transformer(plan.config(config), dtype=dtype, device=device)
+    # The vocab-parallel head replaces the tied one the shard's config allocated (none).
+    head = torch.zeros(len(plan.vocab), config.hidden_size, dtype=dtype, device=device)
+    own = range(plan.vocab.start, min(plan.vocab.stop, config.vocab_size))
+    targets = shard.weight_targets()
+    seen: set[str] = set()
+    for name, tensor in weights:
+        if name == "lm_head.weight" or (name == "embed_tokens.weight" and config.tie_word_embeddings):
+            if not (name == "lm_head.weight" and config.tie_word_embeddings):  # tied: the embedding wins
+                head[: len(own)].copy_(tensor[own.start : own.stop])
+                seen.add("lm_head.weight")
+            if name == "lm_head.weight":
+                continue
+        target = targets.get(name)
+        if target is None:
+            raise KeyError(f"unexpected weight {name!r} for a {config.family} model")
+        piece = _slice(name, tensor, config, plan)
+        if tuple(piece.shape) != tuple(target.shape):
+            raise ValueError(f"{name}: expected shape {tuple(target.shape)} for rank {rank}, got {tuple(piece.shape)}")
+        target.copy_(piece)
+        seen.add(name)
+    missing = sorted((set(targets) | {"lm_head.weight"}) - seen)
+    if missing:
+        raise KeyError(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:6]}")
     shard.lm_head = nn.Parameter(head, requires_grad=False)
-    for src, dst in zip(full.layers, shard.layers, strict=True):
-        dst.input_layernorm.weight.copy_(src.input_layernorm.weight)
-        dst.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
-        a, b = src.self_attn, dst.self_attn
-        if a.q_norm is not None:
-            b.q_norm.weight.copy_(a.q_norm.weight)
-            b.k_norm.weight.copy_(a.k_norm.weight)
-        # Fused q|k|v rows: this rank's q heads, then its KV heads of k and of v.
-        q, k, v = a.qkv_proj.weight.split((c.q_size, c.kv_size, c.kv_size))
-        b.qkv_proj.weight.copy_(torch.cat((_head_rows(q, plan.q_heads, d), _head_rows(k, plan.kv_heads, d),
-                                           _head_rows(v, plan.kv_heads, d))))
-        if a.qkv_proj.bias is not None:
-            qb, kb, vb = a.qkv_proj.bias.split((c.q_size, c.kv_size, c.kv_size))
-            b.qkv_proj.bias.copy_(torch.cat((_head_rows(qb, plan.q_heads, d), _head_rows(kb, plan.kv_heads, d),
-                                             _head_rows(vb, plan.kv_heads, d))))
-        cols = slice(plan.q_heads.start * d, plan.q_heads.stop * d)
-        b.o_proj.weight.copy_(a.o_proj.weight[:, cols])
-        _copy_row_parallel_bias(b.o_proj, a.o_proj, rank)
-        b.o_proj = RowParallelLinear(b.o_proj, all_reduce)
-        m, n = src.mlp, dst.mlp
-        gate, up = m.gate_up_proj.weight.split(c.intermediate_size)
-        n.gate_up_proj.weight.copy_(torch.cat((_rows(gate, plan.intermediate), _rows(up, plan.intermediate))))
-        if m.gate_up_proj.bias is not None:
-            gb, ub = m.gate_up_proj.bias.split(c.intermediate_size)
-            n.gate_up_proj.bias.copy_(torch.cat((_rows(gb, plan.intermediate), _rows(ub, plan.intermediate))))
-        n.down_proj.weight.copy_(m.down_proj.weight[:, plan.intermediate.start : plan.intermediate.stop])
-        _copy_row_parallel_bias(n.down_proj, m.down_proj, rank)
-        n.down_proj = RowParallelLinear(n.down_proj, all_reduce)
+    for layer in shard.layers:
+        layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj, all_reduce)
+        layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj, all_reduce)
     shard.tp_plan = plan  # type: ignore[attr-defined]
     return shard.eval()
 
 
-def _copy_row_parallel_bias(dst: Linear, src: Linear, rank: int) -> None:
-    # The all-reduce sums every rank's output: the bias is added once, by rank 0.
-    if src.bias is not None:
-        assert dst.bias is not None
-        dst.bias.copy_(src.bias) if rank == 0 else dst.bias.zero_()
+def _slice(name: str, t: torch.Tensor, c: ModelConfig, plan: ShardPlan) -> torch.Tensor:
+    """This rank's part of checkpoint tensor `name` (a view; the whole tensor when replicated)."""
+    d = c.head_dim
+    if ".q_proj." in name:  # column-parallel: its heads' rows (weight and bias)
+        return _head_rows(t, plan.q_heads, d)
+    if ".k_proj." in name or ".v_proj." in name:
+        return _head_rows(t, plan.kv_heads, d)
+    if ".gate_proj." in name or ".up_proj." in name:
+        return _rows(t, plan.intermediate)
+    if name.endswith(".o_proj.weight"):  # row-parallel: its input columns
+        return t[:, plan.q_heads.start * d : plan.q_heads.stop * d]
+    if name.endswith(".down_proj.weight"):
+        return t[:, plan.intermediate.start : plan.intermediate.stop]
+    if name.endswith((".o_proj.bias", ".down_proj.bias")):
+        # The all-reduce sums every rank's output: the bias is added once, by rank 0.
+        return t if plan.rank == 0 else torch.zeros_like(t)
+    return t  # embedding, norms: replicated
 
 
-__all__ = ["AllReduce", "RowParallelLinear", "ShardPlan", "plan_shard", "shard_transformer"]
+def shard_parameter_bytes(config: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> int:
+    """Bytes of rank `rank`'s shard parameters (what build_shard allocates), from the plan alone."""
+    plan = plan_shard(config, rank, world)
+    local = plan.config(config)
+    h, d = config.hidden_size, config.head_dim
+    qkv = (local.num_heads + 2 * local.num_kv_heads) * d
+    per_layer = (qkv * h + h * local.num_heads * d  # q|k|v rows, o_proj columns
+                 + 3 * local.intermediate_size * h  # gate|up rows, down_proj columns
+                 + 2 * h)  # the two norms
+    if config.attention_bias:
+        per_layer += qkv
+    if config.o_proj_bias:
+        per_layer += h
+    if config.mlp_bias:
+        per_layer += 2 * local.intermediate_size + h
+    if config.qk_norm:
+        per_layer += 2 * d
+    total = config.num_layers * per_layer + config.vocab_size * h + len(plan.vocab) * h + h
+    return total * torch.empty((), dtype=dtype).element_size()
+__all__ = ["AllReduce", "RowParallelLinear", "ShardPlan", "build_shard", "plan_shard", "shard_parameter_bytes"]
