@@ -101,6 +101,8 @@ class BatchedCpuAttention:
     ) -> torch.Tensor:
         d = self.num_decodes
         num_tokens, num_heads, head_dim = q.shape
+        if d == num_tokens == 1 and out is None:  # one user's step: no buffer to fill
+            return self._one_row(q, k_cache, v_cache, scale, sliding_window).to(q.dtype)
         if out is None:
             out = torch.empty_like(q)
         if d == 1:
