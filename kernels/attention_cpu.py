@@ -47,7 +47,7 @@ class BatchedCpuAttention:
             consecutive = bool((self.index == torch.arange(first, first + self.index.numel())).all())
             self.span = slice(first, first + self.index.numel()) if consecutive else None
             self.ctx = nb * block_size
-            if d == 1:  # the lone row's exact length: the constructor's one host read
+            if d == 1:  # the lone row: its exact length (a host int from the runner), no mask
                 self.one_len = decode_max_seq_len
                 return
             self.key_pos = torch.arange(self.ctx)
