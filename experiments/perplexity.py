@@ -2,6 +2,7 @@
 
     .venv/bin/python experiments/perplexity.py                       # float32, bfloat16, quantized
     .venv/bin/python experiments/perplexity.py --forms quantized --path model.gguf
+    .venv/bin/python experiments/perplexity.py --head-rows 1 --max-num-seqs 1   # the one-user head
 
 The text (experiments/perplexity_text.txt, ~1k tokens, checked in so the numbers stay
 comparable) is fed in chunks of --chunk tokens through the paged forward (each chunk
@@ -28,8 +29,10 @@ TEXT = Path(__file__).with_name("perplexity_text.txt")
 
 
 @torch.inference_mode()
-def text_logits(loaded, ids: list[int], chunk: int) -> torch.Tensor:
-    """fp32 logits [len(ids), vocab] of one sequence fed `chunk` tokens per forward."""
+def text_logits(loaded, ids: list[int], chunk: int, head_rows: int | None = None) -> torch.Tensor:
+    """fp32 logits [len(ids), vocab] of one sequence fed `chunk` tokens per forward; the
+    head sees `head_rows` rows per call (None: a chunk's), as a decode step of that many
+    sampling rows would (the packed forms pick the head's GEMM by rows: lm_head.py)."""
     model = loaded.model
     bs = 16
     n_blocks = -(-len(ids) // bs)
@@ -43,7 +46,8 @@ def text_logits(loaded, ids: list[int], chunk: int) -> torch.Tensor:
             device=model.device,
         )
         hidden = model(torch.tensor(piece), positions, caches, meta)
-        out.append(model.compute_logits(hidden))
+        step = head_rows or len(piece)
+        out.extend(model.compute_logits(hidden[i : i + step]) for i in range(0, len(piece), step))
     return torch.cat(out)
 
 
@@ -58,13 +62,17 @@ def main() -> None:
     ap.add_argument("--path", default=None, help="a GGUF file (default: the embedded SmolLM2)")
     ap.add_argument("--forms", nargs="+", default=["float32", "bfloat16", "quantized"])
     ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--head-rows", type=int, default=None,
+                    help="rows per LM-head call (1: as a one-user decode step; default: a chunk's)")
+    ap.add_argument("--max-num-seqs", type=int, default=None,
+                    help="the engine batch the packed forms are loaded for (1: the int8 head only)")
     args = ap.parse_args()
 
     ref_loaded = load_model(args.path, progress=False, weight_form="float32")
     ids = ref_loaded.tokenizer.encode(TEXT.read_text())
     ref = text_logits(ref_loaded, ids, args.chunk)
     ref_ppl = perplexity(ref, ids)
-    print(f"{len(ids)} tokens, chunks of {args.chunk}")
+    print(f"{len(ids)} tokens, chunks of {args.chunk}, head rows per call: {args.head_rows or args.chunk}")
     print("| weight form | perplexity | vs float32 | max logit err (rel) | argmax agrees | load s |")
     print("|---|---:|---:|---:|---:|---:|")
     for form in args.forms:
@@ -72,9 +80,9 @@ def main() -> None:
         if form == "float32":
             logits, load_s = ref, float("nan")
         else:
-            loaded = load_model(args.path, progress=False, weight_form=form)
+            loaded = load_model(args.path, progress=False, weight_form=form, max_num_seqs=args.max_num_seqs)
             load_s = time.perf_counter() - start
-            logits = text_logits(loaded, ids, args.chunk)
+            logits = text_logits(loaded, ids, args.chunk, args.head_rows)
             del loaded
         ppl = perplexity(logits, ids)
         err = ((logits - ref).abs().max() / ref.abs().max()).item()

@@ -232,7 +232,9 @@ def _load_gguf(
     if weights and form == "float32":
         model = build_model(config, bar(iter_gguf_weights(reader, config), "dequantizing"), dtype=dtype, device=device)
     elif weights:
-        model = load_packed_gguf(reader, config, form, lambda items: bar(items, f"packing ({form})"))
+        model = load_packed_gguf(
+            reader, config, form, lambda items: bar(items, f"packing ({form})"), max_num_seqs=max_num_seqs
+        )
     # Everything is copied out of the file's memmap, which goes with the reader.
     return _Checkpoint(model, config, Tokenizer.from_gguf(reader), ChatTemplate.from_gguf(reader), from_gguf(reader))
 

@@ -7,15 +7,16 @@ Forms (`model.weight_form`):
   quantized  the file's quantization kept: 4-bit blocks (Q4_0, Q4_1, Q4_K) become torch's
              int4 weight-only GEMM with one (scale, zero) per 32 inputs, exactly the file's
              values; other types (Q8_0, Q5_x, Q6_K, f16, ...) become int8 with one scale per
-             output row (requantized: a small loss, measured in RESULTS.md). The LM head is
-             bf16 oneDNN-packed (int8's GEMM is 10x slower than bf16's from 16 rows, and
-             the head runs at every sampling row), each row's top candidates then
-             recomputed in fp32 from exact rows (RefinedHead: a bf16 head flips near-ties).
+             output row (requantized: a small loss, measured in RESULTS.md).
+The LM head (ignis/model/lm_head.py), in both packed forms: int8 with dynamic-quantized
+activations for steps of few sampling rows (4x faster than bf16 at one row), bf16 oneDNN
+for more (the more accurate; not built for an engine of at most 4 sequences), each row's
+top candidates then recomputed in fp32 from exact rows (a rounded head flips near-ties).
 Activations (and the KV cache) stay fp32: each GEMM casts its input to bf16 and its
 output back (torch's CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32
 at decode sizes, measured; the casts cost ~2 us per GEMM). The embedding table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
 dequantized row by row as tokens are looked up. A tied head is therefore the only tensor
-held twice, in two forms (the table for lookups, the packed head for the GEMM).
+held more than once (the table for lookups, the head's GEMM forms).
 
 Why these kernels, measured on the 2-core Zen 5 machine (experiments/bench_cpu_linear.py,
 RESULTS.md 2026-12-01): with bf16 activations, torch's int4 and int8 weight-only GEMMs
@@ -41,6 +42,7 @@ from ignis.model.config import ModelConfig
 from ignis.model.gguf_loader import ignis_name, unpermute_rope_rows
 from ignis.model.gguf_quant import GROUP, INT4_TYPES, decode_int4, decode_q8_0
 from ignis.model.layers import Linear
+from ignis.model.lm_head import NARROW_ROWS, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -149,31 +151,6 @@ class Bf16Linear(PackedLinear):
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-
-
-class RefinedHead:
-    """The LM head: bf16 GEMM logits for the whole vocabulary, then the top REFINE_TOP
-    candidates of each row recomputed in fp32 from the exact embedding rows.
-
-    bf16 rounding of the hidden state and of the head weights moves a logit by ~1% of the
-    largest: harmless on average (perplexity within 0.1%) but enough to flip a near-tie at
-    the top, and a 135M model's greedy answer with it ("What is the capital of France?":
-    "The capital of France is Paris." in fp32, "L'Etoile, la Marseillaise, ..." with a
-    bf16 head, measured). The candidates' exact logits cost a top-k and REFINE_TOP row
-    dots per row; greedy choices then match fp32 whenever fp32's best is among bf16's top."""
-
-    def __init__(self, gemm: Bf16Linear, rows: Callable[[torch.Tensor], torch.Tensor], top: int = 8) -> None:
-        self.gemm, self.rows, self.top = gemm, rows, top
-        self.nbytes = gemm.nbytes
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.gemm(x)
-        if x.shape[0] == 0:
-            return logits
-        top = logits.topk(min(self.top, logits.shape[1]), dim=-1).indices  # [M, top]
-        w = self.rows(top.reshape(-1)).view(*top.shape, -1).float()  # [M, top, K]
-        exact = torch.bmm(w, x.float()[:, :, None])[..., 0]
-        return logits.scatter_(1, top, exact)
 
 
 class Q8Embedding:
@@ -339,10 +316,12 @@ class _FusedWeights:
 
 
 def load_packed_gguf(
-    reader: gguf.GGUFReader, config: ModelConfig, form: str, progress: Callable[[Iterator], Iterator] | None = None
+    reader: gguf.GGUFReader, config: ModelConfig, form: str, progress: Callable[[Iterator], Iterator] | None = None,
+    max_num_seqs: int | None = None,
 ) -> Transformer:
     """The model with every projection as a packed op of `form` ("bfloat16" or "quantized"),
-    built straight from the file's blocks, one fused weight at a time; activations fp32."""
+    built straight from the file's blocks, one fused weight at a time; activations fp32.
+    `max_num_seqs` (the engine's batch, None = unknown) decides which heads are built."""
     if form not in ("bfloat16", "quantized"):
         raise ValueError(f"load_packed_gguf builds bfloat16 or quantized weights, not {form!r}")
     dtype = torch.float32
@@ -371,7 +350,7 @@ def load_packed_gguf(
     missing = fused.finish() + sorted(set(small) - seen)
     if embed is None or missing:
         raise KeyError(f"weights missing from the checkpoint, e.g. {(missing or ['embed_tokens.weight'])[:6]}")
-    _set_tables(model, embed, head, dtype)
+    _set_tables(model, embed, head, dtype, max_num_seqs)
     model.weight_form = form
     total = sum(m.linear_op.nbytes for m in model.modules() if isinstance(m, Linear))
     log.info(
@@ -382,14 +361,21 @@ def load_packed_gguf(
     return model.eval()
 
 
-def _set_tables(model: Transformer, embed: _Raw, head: _Raw | None, dtype: torch.dtype) -> None:
-    """The embedding lookup in the file's form, and the head: bf16 oneDNN at every form
-    (see the module docstring), its top candidates refined in fp32 from the exact rows:
-    the embedding table when tied, else a table of the head's own (the file's form
-    again: Q8_0 stays 1 byte per weight)."""
+def _set_tables(
+    model: Transformer, embed: _Raw, head: _Raw | None, dtype: torch.dtype, max_num_seqs: int | None
+) -> None:
+    """The embedding lookup in the file's form, and the head (ignis/model/lm_head.py): an
+    int8 GEMM for steps of few sampling rows, bf16 oneDNN for more (not built when the
+    engine never has more: max_num_seqs <= NARROW_ROWS), each row's top candidates refined
+    in fp32 from the exact rows: the embedding table when tied, else a table of the head's
+    own (the file's form again: Q8_0 stays 1 byte per weight)."""
     model.embed_op = _table(embed, dtype)
     head_w = torch.from_numpy((head or embed).dense())
-    model.head_op = RefinedHead(Bf16Linear(head_w, None), model.embed_op if head is None else _table(head, dtype))
+    narrow = int8_dynamic_head(head_w)
+    few_rows_only = max_num_seqs is not None and max_num_seqs <= NARROW_ROWS
+    wide = None if narrow is not None and few_rows_only else Bf16Linear(head_w, None)
+    rows = model.embed_op if head is None else _table(head, dtype)
+    model.head_op = RefinedHead(rows, wide=wide, narrow=narrow)
     del head_w
     model.embed_tokens = _meta_param(model.embed_tokens)
     model.lm_head = model.embed_tokens if model.config.tie_word_embeddings else _meta_param(model.lm_head)

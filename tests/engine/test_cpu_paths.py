@@ -17,7 +17,10 @@ from kernels import paged_attention_ref
 
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("consecutive", [False, True])
-def test_batched_attention_matches_reference(window: int | None, consecutive: bool) -> None:
+@pytest.mark.parametrize("lone", [False, True])
+def test_batched_attention_matches_reference(window: int | None, consecutive: bool, lone: bool) -> None:
+    """Several decode rows (one masked SDPA), or one (`lone`: sliced to its keys, unmasked),
+    with prefill chunks after them unless lone."""
     g = torch.Generator().manual_seed(0)
     bs, kv_heads, heads, dim, num_blocks = 4, 2, 6, 16, 40
     k_cache = torch.randn(num_blocks, bs, kv_heads, dim, generator=g)
@@ -27,6 +30,8 @@ def test_batched_attention_matches_reference(window: int | None, consecutive: bo
     q_lens = [1, 1, 1, 5, 6]
     if consecutive:  # one decode row whose blocks are 0..3: read in place, no gather
         seq_lens, q_lens = [14, 11], [1, 4]
+    if lone:  # one user's decode step: a single row, nothing else
+        seq_lens, q_lens = seq_lens[:1], q_lens[:1]
     perm = torch.arange(num_blocks) if consecutive else torch.randperm(num_blocks, generator=g)
     tables, nxt = [], 0
     for n in seq_lens:

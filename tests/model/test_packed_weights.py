@@ -19,6 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from ignis.model.gguf_quant import decode_int4, decode_q8_0
+from ignis.model.lm_head import NARROW_ROWS, Int8DynamicHead, RefinedHead
 from ignis.model.loader import load_model
 from ignis.model.packed import Bf16Linear, Int4Linear, Int8Linear, resolve_weight_form
 from tests.model.paged_utils import flat_forward_logits, rel_err
@@ -109,20 +110,68 @@ def test_packed_forms_match_float32(tmp_path: Path, family: str, kwargs: dict, q
         assert (got.argmax(-1) == want.argmax(-1)).double().mean() >= 0.8, form
 
 
+def _q8_table(seed: int, rows: int, cols: int):
+    from ignis.model.packed import Q8Embedding
+
+    q, s = decode_q8_0(_random_blocks(np.random.default_rng(seed), rows, cols, Q.Q8_0), cols)
+    return Q8Embedding(q, s, torch.float32)
+
+
 def test_refined_head_is_exact_at_the_top() -> None:
     """The head's bf16 logits, with each row's top candidates recomputed in fp32 from the
     exact Q8_0 rows: those equal the fp32 logits (up to summation order)."""
-    from ignis.model.packed import Q8Embedding, RefinedHead
-
-    raw = _random_blocks(np.random.default_rng(3), 300, 64, Q.Q8_0)
-    q, s = decode_q8_0(raw, 64)
-    table = Q8Embedding(q, s, torch.float32)
+    table = _q8_table(3, 300, 64)
     dense = table.dense()
-    head = RefinedHead(Bf16Linear(dense, None), table, top=5)
+    head = RefinedHead(table, wide=Bf16Linear(dense, None), wide_top=5)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
-    top = head.gemm(x).topk(5, dim=-1).indices  # the candidates bf16 ranks first
+    top = head.wide(x).topk(5, dim=-1).indices  # the candidates bf16 ranks first
     got = head(x)
     want = x @ dense.t()
     assert torch.allclose(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(head.gemm(x).gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(head.wide(x).gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-5)
     assert rel_err(got, want) < 2e-2  # the rest: bf16's error
+
+
+def test_int8_dynamic_head_matches_its_weight() -> None:
+    """Int8 weights (one scale per row) times activations quantized per row to 8 bits:
+    within 3% of the largest logit (each side rounds to 1/255 of its range; measured ~1.5%
+    here, and ~4% of SmolLM2's largest logit over its outlier activation dims)."""
+    dense = _q8_table(4, 500, 96).dense()
+    head = Int8DynamicHead(dense)
+    x = torch.randn(6, 96, generator=torch.Generator().manual_seed(1))
+    got = head(x)
+    assert got.dtype == torch.float32 and got.shape == (6, 500)
+    assert rel_err(got, x @ dense.t()) < 3e-2
+
+
+def test_refined_head_picks_its_gemm_by_rows() -> None:
+    """Few rows go through the int8 GEMM, more through bf16; each refines its own top, so
+    both agree with fp32 on every row's best (the greedy choice) and on their candidates."""
+    table = _q8_table(5, 400, 64)
+    dense = table.dense()
+    narrow, wide = Int8DynamicHead(dense), Bf16Linear(dense, None)
+    head = RefinedHead(table, wide=wide, narrow=narrow)
+    assert head.gemm_for(1)[0] is narrow and head.gemm_for(NARROW_ROWS)[0] is narrow
+    assert head.gemm_for(NARROW_ROWS + 1)[0] is wide
+    assert RefinedHead(table, narrow=narrow).gemm_for(64)[0] is narrow  # the only GEMM serves all
+    for rows in (1, NARROW_ROWS + 3):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+        gemm, top = head.gemm_for(rows)
+        cand = gemm(x).topk(top, dim=-1).indices
+        got, want = head(x), x @ dense.t()
+        assert torch.allclose(got.gather(1, cand), want.gather(1, cand), rtol=1e-5, atol=1e-5)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    with pytest.raises(ValueError):
+        RefinedHead(table)
+
+
+def test_one_user_model_skips_the_wide_head(tmp_path: Path) -> None:
+    """A model loaded for an engine of at most NARROW_ROWS sequences holds the int8 head
+    only (no bf16 copy of the vocabulary); for more, both."""
+    model_dir = build_tiny_model(tmp_path / "llama", "llama", intermediate_size=128, num_heads=4, num_kv_heads=2,
+                                 tie_word_embeddings=True)
+    path = str(build_tiny_gguf(model_dir, tmp_path / "llama.gguf", {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_1}))
+    one = load_model(path, progress=False, weight_form="quantized", max_num_seqs=1).model.head_op
+    many = load_model(path, progress=False, weight_form="quantized", max_num_seqs=64).model.head_op
+    assert isinstance(one.narrow, Int8DynamicHead) and one.wide is None
+    assert isinstance(many.narrow, Int8DynamicHead) and isinstance(many.wide, Bf16Linear)

@@ -104,3 +104,14 @@ def test_chat_helper(ignis: LoadedModel) -> None:
     [answer] = generation.chat(ignis, [[{"role": "user", "content": QUESTIONS[0]}]], max_new_tokens=MAX_NEW)
     assert answer.text == "The capital of France is Paris."
     assert answer.finish_reason == "stop" and answer.output_tokens == len(answer.token_ids)
+
+
+def test_one_user_quantized_answer_is_greedy_exact() -> None:
+    """The one-user form (`auto` at one sequence: int4 projections, the int8 head with its
+    top candidates refined in fp32) gives fp32's greedy answer to the capital question."""
+    from tests.model import reference_generate as generation
+
+    loaded = load_model(progress=False, weight_form="auto", max_num_seqs=1)
+    assert loaded.model.weight_form == "quantized" and loaded.model.head_op.wide is None
+    [answer] = generation.chat(loaded, [[{"role": "user", "content": QUESTIONS[0]}]], max_new_tokens=MAX_NEW)
+    assert answer.text == "The capital of France is Paris."
