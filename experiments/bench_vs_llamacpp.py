@@ -20,7 +20,8 @@ Measured, alternating the two engines where it matters (a shared machine only sl
                        engine.max_num_seqs=1; torch's import alone is reported beside)
   served throughput    N concurrent clients, one request each of --max-tokens output
                        tokens (EOS ignored, greedy): llama-server -np 64 -c 32768 /completion
-                       | ignis server max_num_seqs 64, /v1/responses; output tokens / wall
+                       | ignis server max_num_seqs 64 (--served-weight-form, default quantized
+                       as `make serve`), /v1/responses; output tokens / wall
 ignis runs with model.weight_form auto (quantized at max_num_seqs <= 4, bf16 above).
 """
 
@@ -242,6 +243,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64, help="decode tokens per sequence at N > 1")
     ap.add_argument("--quick", action="store_true", help="batch-1 and 64-concurrent decode and RSS only")
     ap.add_argument("--png", type=Path, default=Path(__file__).with_name("vs_llamacpp.png"))
+    ap.add_argument("--served-weight-form", default="quantized",
+                    help="the ignis server's model.weight_form for the served-throughput rows (quantized: what "
+                         "`make serve` holds, the embedded group's setting; auto: bfloat16 at 64 slots)")
     ap.add_argument("--build-only", action="store_true")
     args = ap.parse_args()
     build_llamacpp()
@@ -290,7 +294,7 @@ def main() -> None:
         most = max(args.concurrency)
         llama = LlamaServer(gguf, args.threads, ctx=most * 512, parallel=most)
         try:
-            with ServerProcess(max_num_seqs=most, threads=args.threads) as srv:
+            with ServerProcess(max_num_seqs=most, threads=args.threads, weight_form=args.served_weight_form) as srv:
                 served_tps(llama.generate, 1, 4)
                 served_tps(lambda p, m: ignis_generate(srv, p, m), 1, 4)
                 for n in args.concurrency:
