@@ -36,10 +36,11 @@ class DType(str, Enum):
 
 
 class WeightForm(str, Enum):
-    auto = "auto"  # CPU + GGUF: quantized for max_num_seqs <= 4, else bfloat16; elsewhere float32
+    auto = "auto"  # CPU + GGUF: quantized for max_num_seqs <= 4, else mixed; elsewhere float32
     float32 = "float32"  # dequantize every weight (model.dtype decides on CUDA)
     bfloat16 = "bfloat16"  # CPU: oneDNN-packed bf16 GEMMs, bf16 activations
     quantized = "quantized"  # CPU: the GGUF's 4-bit blocks as int4 GEMMs, other types int8
+    mixed = "mixed"  # CPU: both, quantized for steps of <= 4 rows, bf16 for more
 
 
 class KernelBackend(str, Enum):

@@ -145,7 +145,7 @@ def load_model(
     kind "scripted" (tests and experiments) is the scripted model over `script`.
     name (what clients call the model) defaults to the file stem or directory name,
     "smollm2-135m" for the embedded model.
-    weight_form: "float32" (dequantize, as the reference), "bfloat16" or "quantized" (GGUF
+    weight_form: "float32" (dequantize, as the reference), "bfloat16", "quantized" or "mixed" (GGUF
     on the CPU: compact packed GEMMs, see ignis/model/packed.py) or "auto" (chosen from the
     file, the device and max_num_seqs, the engine batch it will serve).
     weights False: config, tokenizer and template only (model None), for a tensor-parallel

@@ -8,6 +8,10 @@ Forms (`model.weight_form`):
              int4 weight-only GEMM with one (scale, zero) per 32 inputs, exactly the file's
              values; other types (Q8_0, Q5_x, Q6_K, f16, ...) become int8 with one scale per
              output row (requantized: a small loss, measured in RESULTS.md).
+  mixed      both of the above for every projection: steps of at most NARROW_ROWS rows
+             (one user's decode) through the quantized GEMM, which streams a quarter of
+             bf16's bytes, wider steps (batches, prefill chunks) through bf16's, which
+             computes 1.7-2.6x faster from 16 rows. The memory of both.
 The LM head (ignis/model/lm_head.py), in both packed forms: int8 with dynamic-quantized
 activations for steps of few sampling rows (4x faster than bf16 at one row), bf16 oneDNN
 for more (the more accurate; not built for an engine of at most 4 sequences), each row's
@@ -47,8 +51,8 @@ from ignis.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
-WeightForm = Literal["auto", "float32", "bfloat16", "quantized"]
-WEIGHT_FORMS = ("auto", "float32", "bfloat16", "quantized")
+WeightForm = Literal["auto", "float32", "bfloat16", "quantized", "mixed"]
+WEIGHT_FORMS = ("auto", "float32", "bfloat16", "quantized", "mixed")
 # The largest engine batch (max_num_seqs) for which `auto` keeps a file's quantization.
 ONE_USER_MAX_SEQS = 4
 # oneDNN's blocked layout is chosen for this many rows; see cpu_weights.BATCH_HINT.
@@ -57,8 +61,9 @@ _BATCH_HINT = 64
 
 def resolve_weight_form(form: str, *, kind: str, device: torch.device, max_num_seqs: int | None) -> str:
     """`auto` -> a concrete form: on the CPU, a GGUF keeps its quantization for a one-user
-    engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is packed bf16 otherwise; HF
-    checkpoints and CUDA keep float32 (the model's dtype decides as before)."""
+    engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is `mixed` otherwise (quantized for
+    one-row steps, bf16 for batches); HF checkpoints and CUDA keep float32 (the model's
+    dtype decides as before)."""
     if form not in WEIGHT_FORMS:
         raise ValueError(f"unknown weight form {form!r}; expected one of {WEIGHT_FORMS}")
     if form != "auto":
@@ -67,7 +72,7 @@ def resolve_weight_form(form: str, *, kind: str, device: torch.device, max_num_s
         return form
     if device.type != "cpu" or kind != "gguf":
         return "float32"
-    return "quantized" if (max_num_seqs or 64) <= ONE_USER_MAX_SEQS else "bfloat16"
+    return "quantized" if (max_num_seqs or 64) <= ONE_USER_MAX_SEQS else "mixed"
 
 
 # -- GEMM ops ---------------------------------------------------------------------------
@@ -153,6 +158,21 @@ class Bf16Linear(PackedLinear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
+class MixedLinear(PackedLinear):
+    """Two GEMMs over the same weight: `narrow` (the file's quantization) for steps of at
+    most NARROW_ROWS rows, `wide` (bf16) for more. The bias is added once, here."""
+
+    def __init__(self, narrow: PackedLinear, wide: Bf16Linear, bias: torch.Tensor | None) -> None:
+        self.narrow, self.wide = narrow, wide
+        self.in_features = wide.in_features
+        self.form = f"{narrow.form}+{wide.form}"
+        self.bias = bias
+        self.nbytes = narrow.nbytes + wide.nbytes
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.narrow if x.shape[0] <= NARROW_ROWS else self.wide)._mm(x)
+
+
 class Q8Embedding:
     """Token embedding from Q8_0 blocks: int8 values and one fp16 scale per 32, looked up
     then dequantized (the rows of a step only)."""
@@ -232,6 +252,11 @@ def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[st
 
 def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, form: str) -> PackedLinear:
     """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight)."""
+    if form == "mixed":
+        narrow = _build_linear(parts, None, "quantized")
+        wide = _build_linear(parts, None, "bfloat16")
+        assert isinstance(wide, Bf16Linear)
+        return MixedLinear(narrow, wide, bias)
     if form == "quantized" and all(p.qtype in INT4_TYPES for p in parts):
         cols = parts[0].shape[1]
         decoded = [decode_int4(p.data, p.qtype, cols) for p in parts]
@@ -319,11 +344,11 @@ def load_packed_gguf(
     reader: gguf.GGUFReader, config: ModelConfig, form: str, progress: Callable[[Iterator], Iterator] | None = None,
     max_num_seqs: int | None = None,
 ) -> Transformer:
-    """The model with every projection as a packed op of `form` ("bfloat16" or "quantized"),
+    """The model with every projection as a packed op of `form` ("bfloat16", "quantized" or "mixed"),
     built straight from the file's blocks, one fused weight at a time; activations fp32.
     `max_num_seqs` (the engine's batch, None = unknown) decides which heads are built."""
-    if form not in ("bfloat16", "quantized"):
-        raise ValueError(f"load_packed_gguf builds bfloat16 or quantized weights, not {form!r}")
+    if form not in ("bfloat16", "quantized", "mixed"):
+        raise ValueError(f"load_packed_gguf builds bfloat16, quantized or mixed weights, not {form!r}")
     dtype = torch.float32
     model = Transformer(config, dtype=dtype, device="cpu")
     small = {n: p for n, p in model.named_parameters() if ".qkv_proj." not in n and ".gate_up_proj." not in n

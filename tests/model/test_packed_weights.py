@@ -73,10 +73,30 @@ def test_gemm_ops_match_their_weights() -> None:
     assert rel_err(Int4Linear(q, s, z, None).dense(), dense) < 1e-2
 
 
+def test_mixed_op_picks_its_gemm_by_rows() -> None:
+    """The mixed form's op: the quantized GEMM for steps of at most NARROW_ROWS rows, bf16
+    above, each with the bias once; both hold the same weight."""
+    from ignis.model.lm_head import NARROW_ROWS
+    from ignis.model.packed import MixedLinear
+
+    rng = np.random.default_rng(3)
+    raw = _random_blocks(rng, 96, 128, Q.Q4_1)
+    q, s, z = decode_int4(raw, Q.Q4_1, 128)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_1).reshape(96, 128))
+    bias = torch.randn(96)
+    narrow, wide = Int4Linear(q, s, z, bias), Bf16Linear(dense, bias)
+    mixed = MixedLinear(Int4Linear(q, s, z, None), Bf16Linear(dense, None), bias)
+    assert mixed.form == "int4+bf16" and mixed.nbytes == narrow.nbytes + wide.nbytes
+    for rows, same_as in ((1, narrow), (NARROW_ROWS, narrow), (NARROW_ROWS + 1, wide), (64, wide)):
+        x = torch.randn(rows, 128)
+        torch.testing.assert_close(mixed(x), same_as(x), rtol=0, atol=0)
+        assert rel_err(mixed(x), x @ dense.t() + bias) < 2e-2
+
+
 def test_resolve_weight_form() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_weight_form("auto", kind="gguf", device=cpu, max_num_seqs=1) == "quantized"
-    assert resolve_weight_form("auto", kind="gguf", device=cpu, max_num_seqs=64) == "bfloat16"
+    assert resolve_weight_form("auto", kind="gguf", device=cpu, max_num_seqs=64) == "mixed"
     assert resolve_weight_form("auto", kind="hf", device=cpu, max_num_seqs=1) == "float32"
     assert resolve_weight_form("auto", kind="gguf", device=cuda, max_num_seqs=1) == "float32"
     with pytest.raises(ValueError):
@@ -99,7 +119,7 @@ def test_packed_forms_match_float32(tmp_path: Path, family: str, kwargs: dict, q
     path = str(build_tiny_gguf(model_dir, tmp_path / f"{family}.gguf", qtypes))
     ref = load_model(path, progress=False, weight_form="float32")
     want = flat_forward_logits(ref.model, [[PROMPT]])[0]
-    for form in ("bfloat16", "quantized"):
+    for form in ("bfloat16", "quantized", "mixed"):
         loaded = load_model(path, progress=False, weight_form=form)
         assert loaded.model.weight_form == form and loaded.model.dtype == torch.float32
         # chunked prefill then decode rows, through the same paged path the engine uses
