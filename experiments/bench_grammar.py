@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from experiments.timing import median_ms
 from ignis.engine.grammar import Grammar, GrammarState, fill_masks, ll_tokenizer
 from kernels.token_mask_ref import apply_token_bitmask_cpu_, apply_token_bitmask_ref_
 
@@ -35,15 +36,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 DOC = '{"title": "The long road", "year": 1987, "tags": ["travel", "memoir"], "summary": "A walk across the country'
-
-
-def _median_ms(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 def mask_table(loaded, rows_list: list[int], reps: int) -> list[str]:
@@ -61,18 +53,18 @@ def mask_table(loaded, rows_list: list[int], reps: int) -> list[str]:
                 assert s.advance(t) is None
             states.append(s)
         masks = np.zeros((n, states[0].mask_words), dtype=np.int32)
-        fill_ms = _median_ms(lambda: fill_masks(states, masks), reps)
+        fill_ms = median_ms(lambda: fill_masks(states, masks), reps, warmup=False)
         logits = torch.randn(n, V)
         bitmask = torch.from_numpy(masks.copy())
         rows = torch.arange(n)
-        naive = _median_ms(lambda: apply_token_bitmask_ref_(logits.clone(), bitmask, rows), reps)
-        cpu = _median_ms(lambda: apply_token_bitmask_cpu_(logits.clone(), bitmask, rows), reps)
-        clone = _median_ms(lambda: logits.clone(), reps)  # what every variant above also pays
+        naive = median_ms(lambda: apply_token_bitmask_ref_(logits.clone(), bitmask, rows), reps, warmup=False)
+        cpu = median_ms(lambda: apply_token_bitmask_cpu_(logits.clone(), bitmask, rows), reps, warmup=False)
+        clone = median_ms(lambda: logits.clone(), reps, warmup=False)  # what every variant above also pays
         try:
             from llguidance.numpy import apply_token_bitmask_inplace
 
             x = logits.numpy().copy()
-            llg = _median_ms(lambda: apply_token_bitmask_inplace(x, masks), max(3, reps // 4))
+            llg = median_ms(lambda: apply_token_bitmask_inplace(x, masks), max(3, reps // 4), warmup=False)
         except ImportError:
             llg = float("nan")
         out.append(f"{n:>5} {fill_ms:>10.3f}ms {naive - clone:>12.2f}ms {cpu - clone:>8.2f}ms {llg:>9.1f}ms")

@@ -12,24 +12,13 @@ the reference there).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from experiments.timing import median_ms
 from kernels.sampling_cpu import sample_cpu
 from kernels.sampling_ref import sample_ref
 from kernels.sampling_tensors import SamplingTensors
-
-
-def _median_ms(fn, n: int = 15) -> float:
-    fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def main() -> None:
@@ -55,8 +44,8 @@ def main() -> None:
                                                 **{k: [v] * B for k, v in kw.items()})
             ref, cpu = [], []
             for _ in range(3):
-                ref.append(_median_ms(lambda: sample_ref(x, params)))
-                cpu.append(_median_ms(lambda: sample_cpu(x, params)))
+                ref.append(median_ms(lambda: sample_ref(x, params), 15))
+                cpu.append(median_ms(lambda: sample_cpu(x, params), 15))
             print(f"| {B} | {name} | {min(ref):.2f} | {min(cpu):.2f} | {min(ref) / min(cpu):.1f}x |", flush=True)
 
 

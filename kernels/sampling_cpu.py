@@ -101,9 +101,9 @@ def sample_cpu(
     if params.has_penalty_tokens:
         x = apply_penalties_dense(x, params)
     rows = filtered.nonzero()[:, 0]
-    sub = params.select(rows)
-    ids, keep, covered = _candidate_keep(x.index_select(0, rows), sub, min(candidates, V))
-    drawn = _race(x.index_select(0, rows), sub, ids, keep)
+    xr, sub = (x, params) if len(rows) == B else (x.index_select(0, rows), params.select(rows))
+    ids, keep, covered = _candidate_keep(xr, sub, min(candidates, V))
+    drawn = _race(xr, sub, ids, keep)
     # Everything else (greedy and unfiltered rows, rows whose kept set reaches past the
     # candidates) by the reference, on the penalised logits and without penalties again.
     tokens = torch.empty(B, dtype=torch.int64, device=logits.device)

@@ -403,27 +403,20 @@ class ResponseStream:
         self._buf.append(chunk)
         if self._kind == "custom":
             return self._custom_input(self._input.feed(chunk))
-        if not self._emit:
-            return []
-        return [self._stamped({
-            "type": "response.function_call_arguments.delta",
-            "item_id": self._item_id,
-            "output_index": self._index,
-            "delta": chunk,
-        })]
+        return self._call_delta("response.function_call_arguments.delta", chunk)
 
     def _custom_input(self, text: str) -> Events:
         if not text:
             return []
         self._sent.append(text)
+        return self._call_delta("response.custom_tool_call_input.delta", text)
+
+    def _call_delta(self, event_type: str, delta: str) -> Events:
+        """The open call's delta event (none when events are not emitted)."""
         if not self._emit:
             return []
-        return [self._stamped({
-            "type": "response.custom_tool_call_input.delta",
-            "item_id": self._item_id,
-            "output_index": self._index,
-            "delta": text,
-        })]
+        return [self._stamped({"type": event_type, "item_id": self._item_id, "output_index": self._index,
+                               "delta": delta})]
 
     def tool_call_end(self) -> Events:
         """The open call is complete."""

@@ -147,8 +147,6 @@ def _think(parser: ParserConfig, tokenizer: Any, body: str, budget: ThinkBudget 
     end = _tag(parser.think_end, tokenizer)
     if budget is not None:  # (a budget implies the closing tag is one token)
         think, rule = f"think {end}", f"think[max_tokens={budget.tokens}]: /(.|\\n)*/"
-        if budget.tokens == 0:
-            think, rule = end, "think: \"\""
     elif end.startswith("<["):  # a token: free text up to it (its bytes are no text)
         think, rule = f"THINK? {end}", "THINK: /(.|\\n)+/"
     else:  # text: free text up to its first occurrence, which closes the block

@@ -89,24 +89,18 @@ def check_grammar(events: list[dict[str, Any]], *, queued: bool = False) -> dict
             assert body[k]["type"] == "response.content_part.done"
             assert body[k]["part"]["text"] == "".join(pieces) and body[k]["part"]["type"] == part_type
             k += 1
-        elif kind == "custom_tool_call":
-            assert item["call_id"] and item["input"] == ""
-            while body[k]["type"] == "response.custom_tool_call_input.delta":
-                assert body[k]["item_id"] == iid and body[k]["output_index"] == idx
-                pieces.append(body[k]["delta"])
-                k += 1
-            assert body[k]["type"] == "response.custom_tool_call_input.done"
-            assert body[k]["input"] == "".join(pieces)
-            k += 1
         else:
-            assert kind == "function_call"
-            assert item["call_id"].startswith("call_") or item["call_id"]
-            while body[k]["type"] == "response.function_call_arguments.delta":
+            assert kind in ("custom_tool_call", "function_call") and item["call_id"]
+            prefix, field = (("response.custom_tool_call_input", "input") if kind == "custom_tool_call"
+                             else ("response.function_call_arguments", "arguments"))
+            if kind == "custom_tool_call":
+                assert item["input"] == ""
+            while body[k]["type"] == f"{prefix}.delta":
                 assert body[k]["item_id"] == iid and body[k]["output_index"] == idx
                 pieces.append(body[k]["delta"])
                 k += 1
-            assert body[k]["type"] == "response.function_call_arguments.done"
-            assert body[k]["arguments"] == "".join(pieces)
+            assert body[k]["type"] == f"{prefix}.done"
+            assert body[k][field] == "".join(pieces)
             k += 1
         done = body[k]
         assert done["type"] == "response.output_item.done" and done["output_index"] == idx
