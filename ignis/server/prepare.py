@@ -73,7 +73,7 @@ def _constrained(ctx: ServerContext, prompt: Prompt, tools: Sequence[FunctionToo
     the sampling parameters."""
     tokenizer, vocab = ctx.loaded.tokenizer, ctx.loaded.config.vocab_size
     prompt = demand_calls(prompt, choice, tools)
-    budget = think_budget(prompt.parser, tokenizer, sampling.thinking_budget)
+    budget = think_budget(prompt.parser, tokenizer, sampling.thinking_budget, context=ctx.max_model_len)
     grammar = output_grammar(prompt.parser, text_format, tools, choice, sampling, parallel=parallel,
                              tokenizer=tokenizer, vocab_size=vocab, format_param=format_param,
                              tool_param=tool_param, think_budget=budget)

@@ -99,19 +99,25 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
     "arguments": ARGS}\\n</tool_call>`` as the Hermes block in the system prompt teaches
     it, ARGS the tool's schema (strict) or any JSON object; ``call_body`` is what follows
     the opening tag."""
-    rules, names = [], []
+    rules, names, plain = [], [], []
+    after_name = _lit(', "arguments": ')
     for k, tool in enumerate(tools):
+        name = _lit(json.dumps(tool.name, ensure_ascii=False))
         if tool.is_custom:
             rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
             rules.append(f"input_{k}: {_custom_input(tool, lt)}")
-        else:
-            schema = tool.parameters if tool.strict and tool.parameters else _ANY_OBJECT
-            if tool.strict and tool.parameters:
-                _check(schema, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
-                       code="invalid_function_parameters")
-            rules.append(f"args_{k}: {_json(schema, bool(tool.strict))}")
-        head = _lit(json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
-        names.append(f"{head} args_{k}")
+        elif tool.strict and tool.parameters:
+            _check(tool.parameters, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
+                   code="invalid_function_parameters")
+            rules.append(f"args_{k}: {_json(tool.parameters, True)}")
+        else:  # any JSON object: one rule for all such tools (a grammar's symbols are bounded)
+            plain.append(name)
+            continue
+        names.append(f"{name} {after_name} args_{k}")
+    if plain:
+        rules.append(f"plain_name: {' | '.join(plain)}")
+        rules.append(f"any_args: {_json(_ANY_OBJECT, False)}")
+        names.append(f"plain_name {after_name} any_args")
     opening, closing = _lit('\n{"name": '), _lit("}\n")
     rules.append(f"call_body: {opening} ({' | '.join(names)}) {closing} {_tag(parser.tool_end, tokenizer)}")
     rules.append(f"call: {_tag(parser.tool_start, tokenizer)} call_body")

@@ -306,3 +306,26 @@ def test_grammar_per_tool_choice(srv) -> None:
     prompt, p = prepared({**only_time, "mode": "auto"})
     assert p.grammar is None
     assert required_tools(ToolChoice("required", "f"), [FunctionTool("g")]) == ("f",)
+
+
+def test_hostile_sizes_under_a_demanded_call(srv) -> None:
+    """A thinking budget past any context (10**30, 2**64) is no budget, not a grammar the
+    engine cannot parse; thousands of non-strict tools share one arguments rule, so their
+    call grammar stays within the grammar engine's symbol limit (it was 'panic: assertion
+    failed' at 3,000 tools); the server serves on."""
+    from ignis.server.structured import output_grammar
+    from protocol.sampling import SamplingFields
+    from protocol.structured import TextFormat
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": PARAMS}}
+    for budget in (10**30, 2**64):
+        r = chat(srv, messages=[{"role": "user", "content": "hi"}], max_tokens=2, tools=[tool], tool_choice="required",
+                 thinking={"type": "enabled", "budget_tokens": budget})
+        assert r.status_code == 200, r.text
+    ctx = srv.ctx
+    tools = [FunctionTool(f"tool_{i}", None, {"type": "object"}) for i in range(3000)]
+    grammar = output_grammar(ParserConfig(), TextFormat(), tools, ToolChoice("required"), SamplingFields(),
+                             parallel=True, tokenizer=ctx.loaded.tokenizer, vocab_size=ctx.loaded.config.vocab_size,
+                             format_param="text.format", tool_param=lambda name: "tools")
+    assert grammar is not None and "tool_2999" in grammar.source
+    assert responses(srv, input="hi", max_output_tokens=2)["status"] in ("completed", "incomplete")
