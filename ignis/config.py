@@ -118,6 +118,11 @@ class EngineConfig:
     # CPUs, where MKL's sgemm is not; costs the weights' memory once more).
     cpu_threads: int | None = None
     cpu_pack_weights: bool = True
+    # CPU, int4/int8 weight forms (model.weight_form quantized or mixed): decode steps run
+    # every layer in one native call (kernels/cpu/decode.cpp, compiled once per machine
+    # with the system's g++; ignis/model/native_decode.py). false, or no compiler = the
+    # eager PyTorch forward.
+    cpu_native_decode: bool = True
     # Ranks the model is split over (Megatron-style, by heads; ignis/engine/tensor_parallel.py):
     # 1 = one process, as ever; N > 1 starts N-1 worker processes (or joins a `torchrun`
     # launch), NCCL between GPUs, gloo on the CPU. Needs dense weights (model.weight_form

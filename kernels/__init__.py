@@ -14,6 +14,9 @@ nothing of ignis. Public ops:
   BatchedCpuAttention(block_tables, query_start_loc, seq_lens, *, num_decodes, ...)
          -- paged attention on the CPU with all decode rows in one SDPA per layer
          (see kernels.attention_cpu; the engine's CPU path)
+  cpu_native.load() -> bool
+         -- builds and registers torch.ops.ignis_cpu.decode_layers (kernels/cpu/decode.cpp):
+         a whole decode step of an int4/int8 CPU model in one call
 
 backend: None (the process default, see set_backend), "auto", "triton" or "torch".
 """

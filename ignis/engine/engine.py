@@ -193,7 +193,7 @@ class LLMEngine:
         )
         spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,
-                          pack_cpu_weights=cfg.cpu_pack_weights)
+                          pack_cpu_weights=cfg.cpu_pack_weights, native_decode=cfg.cpu_native_decode)
         self.runner: ModelRunner
         if tp_start is None:
             assert loaded.model is not None

@@ -11,6 +11,7 @@ step is reading the sampled ids back.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,8 +23,11 @@ from ignis.engine.sampler import Sampled, Sampler, TopLogprobs
 from ignis.engine.scheduler import ScheduledBatch
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.kv_cache import allocate_kv_caches
+from ignis.model.native_decode import NativeDecoder
 from ignis.model.transformer import Transformer
 from kernels.attention_cpu_prefill import CpuAttention
+
+log = logging.getLogger(__name__)
 
 
 class _CpuKvWriter:
@@ -115,6 +119,7 @@ class ModelRunner:
         max_num_batched_tokens: int,
         max_model_len: int,
         pack_cpu_weights: bool = True,
+        native_decode: bool = True,
     ) -> None:
         self.model = model
         self.device = model.device
@@ -131,6 +136,11 @@ class ModelRunner:
         # Batched decode attention on the CPU (kernels.attention_cpu); an explicit Triton
         # backend (the interpreter) stays Triton.
         self.use_cpu_attention = self.device.type == "cpu" and kernels.get_backend() != "triton"
+        # Decode steps of int4/int8 CPU models: every layer in one native call.
+        self.native = NativeDecoder.build(model) if native_decode and self.use_cpu_attention else None
+        if self.native is not None:
+            log.info("decode steps of up to %s rows run natively (kernels/cpu/decode.cpp)",
+                     self.native.max_rows or "any number of")
         self.sampler = Sampler()
         self._copied: torch.cuda.Event | None = None
         if self.on_cuda:  # pinned host buffers: one non-blocking copy each per step
@@ -251,7 +261,12 @@ class ModelRunner:
 
     def forward(self, inputs: DeviceBatch) -> torch.Tensor | None:
         """The model over the step, then the head at the sampling rows (None: no row samples)."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        meta = inputs.meta
+        if self.native is not None and meta.max_query_len == 1 and self.native.serves(len(inputs.order)):
+            hidden = self.native(inputs.input_ids, inputs.positions, self.kv_caches, meta.slot_mapping,
+                                 meta.block_tables, meta.seq_lens)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, meta)
         if not inputs.sampling:
             return None
         if inputs.sample_idx is not None:

@@ -61,6 +61,7 @@ class RunnerSpec:
     max_num_batched_tokens: int
     max_model_len: int
     pack_cpu_weights: bool
+    native_decode: bool = True
 
 
 Spec = TypeVar("Spec", ShardSpec, RunnerSpec)

@@ -1,0 +1,120 @@
+"""Decode steps of a packed CPU model through one native call (kernels/cpu/decode.cpp).
+
+    native = NativeDecoder.build(model)          # None: this model or machine has no native path
+    if native is not None and native.serves(num_rows):
+        hidden = native(input_ids, positions, kv_caches, slots, block_tables, seq_lens)
+
+A step whose rows each add one token to their own sequence (decode), at the rows where
+every projection's GEMM is torch's int4 or int8 weight-only kernel (the `quantized` form,
+and `mixed` up to NARROW_ROWS rows), runs every layer in C++: same weights, same GEMMs,
+same fp32 arithmetic as the eager forward (ignis/model/transformer.py) to float rounding,
+without its ~40 ATen calls and Python frames per layer. Prefill chunks, wider steps and
+other forms stay eager.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ignis.model.kv_cache import KVCaches
+from ignis.model.layers import Linear, RMSNorm
+from ignis.model.gguf_quant import GROUP
+from ignis.model.lm_head import NARROW_ROWS
+from ignis.model.packed import Int4Linear, Int8Linear, MixedLinear, PackedLinear
+from ignis.model.transformer import Transformer
+from kernels import cpu_native
+
+log = logging.getLogger(__name__)
+
+
+def _narrow(op: object) -> tuple[PackedLinear | None, int | None]:
+    """(the int4/int8 GEMM serving few rows, the most rows it serves; None = any)."""
+    if isinstance(op, MixedLinear):
+        return _narrow(op.narrow)[0], NARROW_ROWS
+    if isinstance(op, Int4Linear | Int8Linear):
+        return op, None
+    return None, None
+
+
+class NativeDecoder:
+    def __init__(self, model: Transformer, gemms: list[PackedLinear], max_rows: int | None) -> None:
+        c = model.config
+        self.model = model
+        self.max_rows = max_rows
+        self.int4 = isinstance(gemms[0], Int4Linear)
+        self.weights: list[torch.Tensor] = []
+        self.biases: list[torch.Tensor | None] = []
+        for g in gemms:
+            if isinstance(g, Int4Linear):
+                self.weights += [g.packed, g.scales_zeros]
+            else:
+                assert isinstance(g, Int8Linear)
+                self.weights += [g.weight, g.scale]
+        for layer in model.layers:
+            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                bias = lin.linear_op.bias  # the packed op adds the bias (lin.bias is None)
+                self.biases.append(None if bias is None else bias.float().contiguous())
+        self.norms = [n.weight for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        self.norms.append(model.norm.weight)
+        self.qk_norms: list[torch.Tensor | None] = []
+        if c.qk_norm:
+            self.qk_norms = [n.weight for layer in model.layers for n in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
+        self._caches: tuple[KVCaches, list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.windows = [layer.self_attn.sliding_window or 0 for layer in model.layers]
+        self.args = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps),
+                     float(model.layers[0].self_attn.scale), self.int4, GROUP)
+
+    @classmethod
+    def build(cls, model: torch.nn.Module) -> NativeDecoder | None:
+        """The native decoder of `model`, or None where it does not apply: not a packed CPU
+        Transformer whose projections all have one int4 (or all one int8) GEMM, unusual
+        norms, or no native op on this machine (kernels.cpu_native.load)."""
+        if not isinstance(model, Transformer) or model.device.type != "cpu":
+            return None
+        if model.weight_form not in ("quantized", "mixed") or model.embed_op is None:
+            return None
+        gemms: list[PackedLinear] = []
+        limits: set[int | None] = set()
+        for layer in model.layers:
+            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                if type(lin) is not Linear:  # e.g. a tensor-parallel wrapper that all-reduces
+                    return None
+                g, limit = _narrow(lin.linear_op)
+                if g is None:
+                    return None
+                gemms.append(g)
+                limits.add(limit)
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
+                return None
+        if len({type(g) for g in gemms}) != 1 or len(limits) != 1:
+            return None
+        if not cpu_native.load():
+            return None
+        return cls(model, gemms, limits.pop())
+
+    def serves(self, num_rows: int) -> bool:
+        """Whether a decode step of `num_rows` rows (one token each) runs natively."""
+        return num_rows >= 1 and (self.max_rows is None or num_rows <= self.max_rows)
+
+    @torch.inference_mode()
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: KVCaches, slots: torch.Tensor,
+        block_tables: torch.Tensor, seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """Final-normed hidden rows [T, hidden] for T decode rows: row t is the new token
+        input_ids[t] at positions[t] of the sequence whose blocks are block_tables[t] and
+        whose length with it is seq_lens[t]; its K/V go to slot slots[t]."""
+        m = self.model
+        x = m.embed_op(input_ids).float().contiguous()
+        cos, sin = m.rotary(positions)
+        if self._caches is None or self._caches[0] is not kv_caches:
+            self._caches = (kv_caches, [k for k, _ in kv_caches], [v for _, v in kv_caches])
+        T = len(positions)
+        return torch.ops.ignis_cpu.decode_layers(
+            x, cos.reshape(T, -1).contiguous(), sin.reshape(T, -1).contiguous(),
+            slots, block_tables.contiguous(), seq_lens, self._caches[1], self._caches[2],
+            self.norms, self.weights, self.biases, self.qk_norms, self.windows, *self.args,
+        )

@@ -1,0 +1,333 @@
+// The decoder's decode step on the CPU in one call: every layer of a Llama-family model
+// for T rows that each add one token to their own sequence (one user's decode, or a few).
+//
+// Why native: at one row the eager forward is ~40 ATen calls per layer at 2-3 us each
+// plus Python around them, as much time as the matrix work (RESULTS.md, session 6).
+// Here the GEMMs are still torch's weight-only int4 / int8 kernels (called through ATen,
+// four per layer); everything between them (RMSNorm, biases, rotary, q/k norms, the KV
+// write, paged attention, SiLU-and-multiply, residuals, the bf16 casts) is plain loops
+// over a few thousand floats, and attention is split over keys across torch's threads.
+//
+// Arithmetic follows ignis/model/layers.py: fp32 activations and KV cache, each GEMM fed
+// bf16 (round to nearest even) and read back as fp32, biases added in fp32. The
+// reductions' order differs from torch's, so results agree to float rounding, not bits.
+//
+// Built and loaded by kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
+#include <ATen/ops/_weight_int8pack_mm.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Keys one attention work unit reads: enough to keep a thread busy, small enough that a
+// 4k context splits over every thread even at one row and one kv head.
+constexpr int64_t kKeysPerUnit = 256;
+
+inline float bf16_to_float(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch's cast (finite inputs)
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// exp(x) for x in [-87, 88]: Cephes' polynomial after a power-of-two range reduction,
+// ~1 ulp, and written so that loops over arrays vectorize (libm's expf does not).
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>(uint32_t(int32_t(n) + 127) << 23);
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w over n floats (x and y may alias).
+inline void rms_norm(const float* x, const float* w, float eps, int64_t n, float* y) {
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.0f / std::sqrt(ss / float(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i];
+}
+
+inline void to_bf16(const float* x, int64_t n, uint16_t* y) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
+}
+
+// y [T, N] bf16 = x [T, K] bf16 @ W^T, by torch's weight-only GEMM: int4 with s the
+// [K/group, N, 2] scales and zeros, or int8 with s the [N] row scales.
+at::Tensor gemm(const at::Tensor& xb, const at::Tensor& w, const at::Tensor& s, bool int4, int64_t group) {
+  at::Tensor y = int4 ? at::_weight_int4pack_mm_for_cpu(xb, w, group, s) : at::_weight_int8pack_mm(xb, w, s);
+  TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kBFloat16, "decode_layers: unexpected GEMM output");
+  return y;
+}
+
+// Rows of a bf16 GEMM output read as fp32, plus an optional bias: the eager Linear's
+// `y.float() + bias`.
+inline float out_at(const uint16_t* y, const float* bias, int64_t i, int64_t col) {
+  const float v = bf16_to_float(y[i]);
+  return bias ? v + bias[col] : v;
+}
+
+struct AttnShape {
+  int64_t heads, kv_heads, dim, block_size, blocks_per_row;
+  float scale;
+};
+
+// Paged decode attention for T rows (one query token each): o [T, heads, dim] from q of
+// the same shape, over the first seq_lens[t] keys of row t (the last `window` of them
+// when window > 0). The keys split into units of kKeysPerUnit per (row, kv head); each
+// unit keeps its running max, sum and unnormalised output for the kv head's query group,
+// and the units of a (row, kv head) are merged afterwards (flash-decoding's split-K).
+void attention(const float* q, const float* kc, const float* vc, const int32_t* tables, const int32_t* seq_lens,
+               int64_t T, int64_t window, const AttnShape& a, float* o) {
+  const int64_t G = a.heads / a.kv_heads, D = a.dim, BS = a.block_size;
+  struct Unit { int64_t t, g, lo, hi; };
+  std::vector<Unit> units;
+  std::vector<int64_t> first_unit(T * a.kv_heads + 1, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = seq_lens[t];
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+    for (int64_t g = 0; g < a.kv_heads; ++g) {
+      for (int64_t k = lo; k < n; k += kKeysPerUnit) units.push_back({t, g, k, std::min(n, k + kKeysPerUnit)});
+      first_unit[t * a.kv_heads + g + 1] = int64_t(units.size());
+    }
+  }
+  const int64_t U = int64_t(units.size());
+  int64_t keys = 0;
+  for (const Unit& w : units) keys += w.hi - w.lo;
+  const int64_t stride = G * (D + 2);  // per unit and query head: max, sum, then dim outputs
+  std::vector<float> part(U * stride);
+
+  // A short context is a few microseconds of work: not worth waking the other threads.
+  at::parallel_for(0, U, keys * G < 4096 ? U : 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(kKeysPerUnit * G);
+    for (int64_t u = begin; u < end; ++u) {
+      const Unit& w = units[u];
+      const int32_t* table = tables + w.t * a.blocks_per_row;
+      const float* qg = q + (w.t * a.heads + w.g * G) * D;
+      const int64_t n = w.hi - w.lo;
+      float* out = part.data() + u * stride;
+      for (int64_t h = 0; h < G; ++h) out[h * (D + 2)] = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t pos = w.lo + j;
+        const float* kr = kc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
+        for (int64_t h = 0; h < G; ++h) {
+          const float* qh = qg + h * D;
+          float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t d = 0; d < D; ++d) s += qh[d] * kr[d];
+          s *= a.scale;
+          scores[h * kKeysPerUnit + j] = s;
+          out[h * (D + 2)] = std::max(out[h * (D + 2)], s);
+        }
+      }
+      for (int64_t h = 0; h < G; ++h) {
+        float* sh = scores.data() + h * kKeysPerUnit;
+        const float m = out[h * (D + 2)];
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; ++j) {
+          sh[j] = exp_approx(sh[j] - m);
+          sum += sh[j];
+        }
+        out[h * (D + 2) + 1] = sum;
+        std::fill(out + h * (D + 2) + 2, out + (h + 1) * (D + 2), 0.0f);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t pos = w.lo + j;
+        const float* vr = vc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
+        for (int64_t h = 0; h < G; ++h) {
+          const float p = scores[h * kKeysPerUnit + j];
+          float* acc = out + h * (D + 2) + 2;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * vr[d];
+        }
+      }
+    }
+  });
+
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t g = 0; g < a.kv_heads; ++g) {
+      const int64_t u0 = first_unit[t * a.kv_heads + g], u1 = first_unit[t * a.kv_heads + g + 1];
+      for (int64_t h = 0; h < G; ++h) {
+        float* oh = o + (t * a.heads + g * G + h) * D;
+        std::fill(oh, oh + D, 0.0f);
+        if (u0 == u1) continue;  // no keys (cannot happen: the row's own key is written)
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * (D + 2)]);
+        float total = 0.0f;
+        for (int64_t u = u0; u < u1; ++u) {
+          const float* p = part.data() + u * stride + h * (D + 2);
+          const float c = exp_approx(p[0] - m);
+          total += p[1] * c;
+#pragma omp simd
+          for (int64_t d = 0; d < D; ++d) oh[d] += p[2 + d] * c;
+        }
+        const float inv = 1.0f / total;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
+      }
+    }
+  }
+}
+
+// Rotate each head of x [heads, D] in place: x*C + roll(x, D/2)*S with C = cat(cos, cos)
+// and S = cat(-sin, sin), the tables ignis/model/rope.py builds.
+inline void rotate(float* x, int64_t heads, int64_t D, const float* C, const float* S) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* xh = x + h * D;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = xh[i], b = xh[i + half];
+      xh[i] = a * C[i] + b * S[i];
+      xh[i + half] = b * C[i + half] + a * S[i + half];
+    }
+  }
+}
+
+at::Tensor decode_layers(
+    const at::Tensor& x_in,           // [T, H] fp32: the embedded tokens
+    const at::Tensor& cos,            // [T, D] fp32: cat(cos, cos) of each row's position
+    const at::Tensor& sin,            // [T, D] fp32: cat(-sin, sin)
+    const at::Tensor& slots,          // [T] int64: where each row's K/V go (block * block_size + offset)
+    const at::Tensor& block_tables,   // [T, W] int32
+    const at::Tensor& seq_lens,       // [T] int32: context length including the new token
+    at::TensorList k_caches,          // per layer [blocks, block_size, kv_heads, D] fp32
+    at::TensorList v_caches,
+    at::TensorList norms,             // per layer input and post-attention norm, then the final norm
+    at::TensorList weights,           // per layer (w, s) for qkv, o, gate_up, down
+    const c10::List<c10::optional<at::Tensor>>& biases,     // per layer qkv, o, gate_up, down
+    const c10::List<c10::optional<at::Tensor>>& qk_norms,   // per layer q_norm, k_norm (Qwen3), or empty
+    at::IntArrayRef windows,          // per layer sliding window, 0 = none
+    int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
+    double eps, double scale, bool int4, int64_t group) {
+  const int64_t L = int64_t(k_caches.size());
+  const int64_t T = x_in.size(0), H = x_in.size(1), D = head_dim, I = intermediate;
+  const int64_t Q = heads * D, KV = kv_heads * D, QKV = Q + 2 * KV;
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.is_contiguous(), "decode_layers: x must be contiguous fp32");
+  TORCH_CHECK(int64_t(v_caches.size()) == L && int64_t(norms.size()) == 2 * L + 1 && int64_t(weights.size()) == 8 * L &&
+                  int64_t(biases.size()) == 4 * L && int64_t(windows.size()) == L &&
+                  (qk_norms.size() == 0 || int64_t(qk_norms.size()) == 2 * L),
+              "decode_layers: per-layer lists of the wrong length");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && slots.is_contiguous() && block_tables.is_contiguous() &&
+                  seq_lens.is_contiguous() && heads % kv_heads == 0,
+              "decode_layers: bad step tensors");
+  for (int64_t l = 0; l < L; ++l)
+    TORCH_CHECK(k_caches[l].is_contiguous() && v_caches[l].is_contiguous() && k_caches[l].scalar_type() == at::kFloat,
+                "decode_layers: the KV cache must be contiguous fp32");
+
+  at::Tensor x = x_in.clone();
+  float* xp = x.data_ptr<float>();
+  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
+  // The GEMMs' bf16 inputs: normed hidden rows, attention outputs, SiLU(gate) * up.
+  at::Tensor h_in = at::empty({T, H}, bf16), o_in = at::empty({T, Q}, bf16), a_in = at::empty({T, I}, bf16);
+  std::vector<float> tmp(std::max({H, QKV, I}));  // one row at a time
+  std::vector<float> qbuf(T * Q), obuf(T * Q);
+  const float* C = cos.data_ptr<float>();
+  const float* S = sin.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const AttnShape shape{heads, kv_heads, D, k_caches[0].size(1), block_tables.size(1), float(scale)};
+
+  auto bias_of = [&](int64_t i) -> const float* {
+    const c10::optional<at::Tensor> b = biases.get(i);
+    return b.has_value() ? b->data_ptr<float>() : nullptr;
+  };
+  auto norm_in = [&](const at::Tensor& w) {  // rows of x, normed, as the next GEMM's bf16 input
+    uint16_t* hp = reinterpret_cast<uint16_t*>(h_in.data_ptr());
+    for (int64_t t = 0; t < T; ++t) {
+      rms_norm(xp + t * H, w.data_ptr<float>(), float(eps), H, tmp.data());
+      to_bf16(tmp.data(), H, hp + t * H);
+    }
+    return h_in;
+  };
+
+  for (int64_t l = 0; l < L; ++l) {
+    const at::Tensor* wl = weights.data() + 8 * l;
+    // Attention block: qkv, rotary, the KV write, attention, o_proj.
+    at::Tensor qkv = gemm(norm_in(norms[2 * l]), wl[0], wl[1], int4, group);
+    const uint16_t* y = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
+    const float* bqkv = bias_of(4 * l);
+    float* kc = k_caches[l].data_ptr<float>();
+    float* vc = v_caches[l].data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = tmp.data();
+      for (int64_t i = 0; i < QKV; ++i) row[i] = out_at(y + t * QKV, bqkv, i, i);
+      if (qk_norms.size()) {
+        const float* qn = qk_norms.get(2 * l)->data_ptr<float>();
+        const float* kn = qk_norms.get(2 * l + 1)->data_ptr<float>();
+        for (int64_t h = 0; h < heads; ++h) rms_norm(row + h * D, qn, float(eps), D, row + h * D);
+        for (int64_t h = 0; h < kv_heads; ++h) rms_norm(row + Q + h * D, kn, float(eps), D, row + Q + h * D);
+      }
+      rotate(row, heads + kv_heads, D, C + t * D, S + t * D);  // q and k heads are adjacent
+      std::memcpy(qbuf.data() + t * Q, row, Q * sizeof(float));
+      std::memcpy(kc + slot[t] * KV, row + Q, KV * sizeof(float));
+      std::memcpy(vc + slot[t] * KV, row + Q + KV, KV * sizeof(float));
+    }
+    attention(qbuf.data(), kc, vc, block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), T, windows[l], shape,
+              obuf.data());
+    to_bf16(obuf.data(), T * Q, reinterpret_cast<uint16_t*>(o_in.data_ptr()));
+    at::Tensor o = gemm(o_in, wl[2], wl[3], int4, group);
+    const uint16_t* oy = reinterpret_cast<const uint16_t*>(o.data_ptr());
+    const float* bo = bias_of(4 * l + 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(oy + t * H, bo, i, i);
+
+    // MLP block: gate|up, SiLU(gate) * up, down.
+    at::Tensor gu = gemm(norm_in(norms[2 * l + 1]), wl[4], wl[5], int4, group);
+    const uint16_t* gy = reinterpret_cast<const uint16_t*>(gu.data_ptr());
+    const float* bgu = bias_of(4 * l + 2);
+    uint16_t* ap = reinterpret_cast<uint16_t*>(a_in.data_ptr());
+    for (int64_t t = 0; t < T; ++t) {
+      const uint16_t* r = gy + t * 2 * I;
+      float* act = tmp.data();
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = bgu ? bf16_to_float(r[i]) + bgu[i] : bf16_to_float(r[i]);
+        const float u = bgu ? bf16_to_float(r[I + i]) + bgu[I + i] : bf16_to_float(r[I + i]);
+        act[i] = g / (1.0f + exp_approx(-g)) * u;
+      }
+      to_bf16(act, I, ap + t * I);
+    }
+    at::Tensor d = gemm(a_in, wl[6], wl[7], int4, group);
+    const uint16_t* dy = reinterpret_cast<const uint16_t*>(d.data_ptr());
+    const float* bd = bias_of(4 * l + 3);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(dy + t * H, bd, i, i);
+  }
+  const float* fw = norms[2 * L].data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) rms_norm(xp + t * H, fw, float(eps), H, xp + t * H);
+  return x;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(ignis_cpu, m) {
+  m.def(
+      "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor seq_lens, "
+      "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor?[] biases, "
+      "Tensor?[] qk_norms, int[] windows, int heads, int kv_heads, int head_dim, int intermediate, "
+      "float eps, float scale, bool int4, int group) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ignis_cpu, CPU, m) { m.impl("decode_layers", TORCH_FN(decode_layers)); }

@@ -1,0 +1,167 @@
+"""The native CPU decode step (kernels/cpu/decode.cpp via ignis/model/native_decode.py)
+against the eager forward it replaces, on tiny GGUF models in each packed form it serves.
+
+Tolerance, documented: the native step runs the same GEMMs on the same bf16 inputs and
+the same fp32 arithmetic between them, but sums in another order, so an activation can
+land one fp32 ulp away and then round to the other bf16 neighbour before a GEMM. Measured
+on SmolLM2 (30 layers): each layer alone matches eager to <= 2e-5 relative, most exactly;
+the model as a whole amplifies such flips the same way it amplifies any 1e-5 perturbation
+of eager's own hidden state (~1% of the final hidden state after 20 layers). The tiny
+2-layer models here stay within TOL of the largest hidden value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from ignis.config import EngineConfig
+from ignis.engine import LLMEngine, SamplingParams
+from ignis.model.attention_metadata import AttentionMetadata
+from ignis.model.kv_cache import allocate_kv_caches
+from ignis.model.lm_head import NARROW_ROWS
+from ignis.model.loader import load_model
+from ignis.model.native_decode import NativeDecoder
+from kernels import cpu_native
+from tests.model.paged_utils import block_tables_for, rel_err
+from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
+
+TOL = 1e-3
+BLOCK = 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _native_op() -> None:
+    if not cpu_native.load():
+        pytest.skip("no native CPU decode op on this machine (no C++ compiler?)")
+
+
+def _gguf(tmp_path: Path, family: str, qtypes: dict, **kwargs) -> str:
+    model_dir = build_tiny_model(tmp_path / family, family, intermediate_size=128, **kwargs)
+    return str(build_tiny_gguf(model_dir, tmp_path / f"{family}.gguf", qtypes))
+
+
+@torch.inference_mode()
+def _decode_both(model, native: NativeDecoder, prompts: list[list[int]], steps: int) -> float:
+    """Prefill each prompt eagerly, then decode `steps` tokens for all of them together,
+    once eagerly and once natively, each on its own copy of the cache, feeding both the
+    eager path's greedy tokens. Returns the worst relative error of the native hidden rows."""
+    lengths = [len(p) + steps for p in prompts]
+    tables = block_tables_for(lengths, BLOCK)
+    blocks = max(b for t in tables for b in t) + 1
+    eager_kv = allocate_kv_caches(model.config, blocks, BLOCK)
+    native_kv = allocate_kv_caches(model.config, blocks, BLOCK)
+    meta, pos = AttentionMetadata.build(query_lens=[len(p) for p in prompts], seq_lens=[len(p) for p in prompts],
+                                        block_tables=tables, block_size=BLOCK)
+    hidden = model(torch.tensor([t for p in prompts for t in p]), pos, eager_kv, meta)
+    for (k, v), (k2, v2) in zip(eager_kv, native_kv, strict=True):
+        k2.copy_(k)
+        v2.copy_(v)
+    last = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
+    ids = model.compute_logits(hidden, last).argmax(-1)
+    lens = [len(p) for p in prompts]
+    worst = 0.0
+    for _ in range(steps):
+        lens = [n + 1 for n in lens]
+        meta, pos = AttentionMetadata.build(query_lens=[1] * len(prompts), seq_lens=lens, block_tables=tables,
+                                            block_size=BLOCK)
+        want = model(ids, pos, eager_kv, meta)
+        got = native(ids, pos, native_kv, meta.slot_mapping, meta.block_tables, meta.seq_lens)
+        assert got.shape == want.shape
+        worst = max(worst, rel_err(got, want))
+        ids = model.compute_logits(want).argmax(-1)
+    for (k, v), (k2, v2) in zip(eager_kv, native_kv, strict=True):  # the same K/V were written
+        assert rel_err(k2, k) < TOL and rel_err(v2, v) < TOL
+    return worst
+
+
+@pytest.mark.parametrize(
+    "family, kwargs, qtypes, form",
+    [
+        # int4 GEMMs (Q4_1 attention, Q4_0 MLP), permuted Q/K rows, GQA 2:1; mixed: the int4 part
+        ("llama", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
+         {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_0, "output": Q.Q8_0}, "quantized"),
+        ("llama", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
+         {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_0, "output": Q.Q8_0}, "mixed"),
+        # int8 GEMMs (Q8_0 requantized per row) with q/k/v biases, one kv head, a tied head
+        ("qwen2", dict(num_heads=4, num_kv_heads=1, tie_word_embeddings=True, max_position_embeddings=1024),
+         {"embd": Q.F16, "attn": Q.Q8_0, "ffn": Q.Q8_0}, "quantized"),
+        # per-head q/k RMSNorm
+        ("qwen3", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
+         {"embd": Q.Q8_0, "attn": Q.Q4_0, "ffn": Q.Q4_1}, "quantized"),
+    ],
+)
+def test_native_decode_matches_eager(tmp_path: Path, family: str, kwargs: dict, qtypes: dict, form: str) -> None:
+    model = load_model(_gguf(tmp_path, family, qtypes, **kwargs), progress=False, weight_form=form).model
+    native = NativeDecoder.build(model)
+    assert native is not None
+    assert native.int4 == (qtypes["attn"] != Q.Q8_0)
+    # Rows of different lengths: a short one, one that crosses the 256-key work units
+    # (split over threads and merged), and a one-token prompt.
+    prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(600)], [5]]
+    assert _decode_both(model, native, prompts, steps=6) < TOL
+    assert _decode_both(model, native, prompts[:1], steps=4) < TOL  # one user's step
+
+
+def test_sliding_window_layers(tmp_path: Path) -> None:
+    path = _gguf(tmp_path, "llama", {"attn": Q.Q4_0, "ffn": Q.Q4_0}, num_layers=3)
+    model = load_model(path, progress=False, weight_form="quantized").model
+    model.layers[1].self_attn.sliding_window = 5  # layer 1 sees its last 5 keys, the others all
+    native = NativeDecoder.build(model)
+    assert native is not None and native.windows == [0, 5, 0]
+    assert _decode_both(model, native, [list(range(3, 40)), list(range(50, 53))], steps=5) < TOL
+
+
+def test_which_models_and_steps_it_serves(tmp_path: Path) -> None:
+    path = _gguf(tmp_path, "llama", {"attn": Q.Q4_1, "ffn": Q.Q8_0})  # int4 attention, int8 MLP
+    assert NativeDecoder.build(load_model(path, progress=False, weight_form="quantized").model) is None
+    assert NativeDecoder.build(load_model(path, progress=False, weight_form="bfloat16").model) is None
+    assert NativeDecoder.build(load_model(path, progress=False, weight_form="float32").model) is None
+    path = _gguf(tmp_path / "b", "llama", {"attn": Q.Q4_1, "ffn": Q.Q4_1})
+    quantized = NativeDecoder.build(load_model(path, progress=False, weight_form="quantized").model)
+    mixed = NativeDecoder.build(load_model(path, progress=False, weight_form="mixed").model)
+    assert quantized is not None and quantized.serves(1) and quantized.serves(64)
+    # mixed: only the steps its int4 GEMMs serve; wider ones are bf16's, eagerly
+    assert mixed is not None and mixed.serves(NARROW_ROWS) and not mixed.serves(NARROW_ROWS + 1)
+
+
+def test_engine_decodes_natively_and_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = load_model(_gguf(tmp_path, "llama", {"attn": Q.Q4_1, "ffn": Q.Q4_1}), progress=False,
+                        weight_form="quantized")
+    calls: list[int] = []
+    real = NativeDecoder.__call__
+
+    def counting(self, input_ids, *args):
+        calls.append(len(input_ids))
+        return real(self, input_ids, *args)
+
+    monkeypatch.setattr(NativeDecoder, "__call__", counting)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [list(range(3, 20)), list(range(30, 41))]
+    on = LLMEngine(loaded, EngineConfig(max_num_seqs=2, num_kv_blocks=32))
+    assert on.runner.native is not None
+    out = on.generate(prompts, params)
+    assert all(len(o.token_ids) == 8 for o in out)
+    assert calls and set(calls) <= {1, 2}  # every decode step; prefill steps stay eager
+    calls.clear()
+    off = LLMEngine(loaded, EngineConfig(max_num_seqs=2, num_kv_blocks=32, cpu_native_decode=False))
+    assert off.runner.native is None
+    off.generate(prompts, params)
+    assert not calls
+
+
+def test_no_compiler_means_the_eager_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(cpu_native, "_state", {})
+    monkeypatch.setattr(cpu_native, "_compiler", lambda: None)
+    assert cpu_native.load() is False
+    monkeypatch.setattr(cpu_native, "_state", {})
+    monkeypatch.setenv("IGNIS_NATIVE_CPU", "0")
+    assert cpu_native.load() is False
+    monkeypatch.setattr(cpu_native, "_state", {})
+    monkeypatch.delenv("IGNIS_NATIVE_CPU")
+    monkeypatch.setenv("IGNIS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_native, "_compiler", lambda: "/bin/false")  # a build that fails
+    assert cpu_native.load() is False
