@@ -25,6 +25,8 @@ from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.native_decode import NativeDecoder
 from ignis.model.transformer import Transformer
+from kernels import cpu_native
+from kernels.attention_cpu_native import NativeCpuAttention
 from kernels.attention_cpu_prefill import CpuAttention
 
 log = logging.getLogger(__name__)
@@ -136,8 +138,12 @@ class ModelRunner:
         # Batched decode attention on the CPU (kernels.attention_cpu); an explicit Triton
         # backend (the interpreter) stays Triton.
         self.use_cpu_attention = self.device.type == "cpu" and kernels.get_backend() != "triton"
-        # Decode steps of int4/int8 CPU models: every layer in one native call.
+        # Decode steps of int4/int8 CPU models: every layer in one native call; decode rows
+        # of the steps left eager (other forms, wider batches): the native attention.
         self.native = NativeDecoder.build(model) if native_decode and self.use_cpu_attention else None
+        self.cpu_attention = CpuAttention
+        if native_decode and self.use_cpu_attention and cpu_native.load():
+            self.cpu_attention = NativeCpuAttention
         if self.native is not None:
             log.info("decode steps of up to %s rows run natively (kernels/cpu/decode.cpp)",
                      self.native.max_rows or "any number of")
@@ -237,7 +243,7 @@ class ModelRunner:
         if self.use_cpu_attention:
             meta.write_kv_op = _CpuKvWriter(meta.slot_mapping)
             num_decodes = int(np.count_nonzero(q_lens == 1))
-            meta.attention_op = CpuAttention(
+            meta.attention_op = self.cpu_attention(
                 meta.block_tables, meta.query_start_loc, meta.seq_lens,
                 num_decodes=num_decodes,
                 decode_max_seq_len=int(seq_lens[:num_decodes].max()) if num_decodes else 0,

@@ -12,13 +12,15 @@
 // bf16 (round to nearest even) and read back as fp32, biases added in fp32. The
 // reductions' order differs from torch's, so results agree to float rounding, not bits.
 //
-// Built and loaded by kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers.
+// Built and loaded by kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers,
+// and paged_decode_attention (the same attention alone, for steps that stay eager).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
 #include <ATen/ops/_weight_int8pack_mm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -320,9 +322,34 @@ at::Tensor decode_layers(
   return x;
 }
 
+// Decode rows' paged attention alone, for steps the eager forward runs (wider batches):
+// o [T, heads, dim] for q [T, heads, dim], row t one new token of a sequence of seq_lens[t]
+// keys in the blocks of block_tables[t]; read in place, no gather and no mask.
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                                  int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous fp32 [T, heads, dim]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous(),
+              "the KV cache must be contiguous fp32 [blocks, block_size, kv_heads, dim]");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() && seq_lens.scalar_type() == at::kInt &&
+                  seq_lens.is_contiguous() && block_tables.size(0) == q.size(0) && seq_lens.size(0) == q.size(0),
+              "block_tables [T, W] and seq_lens [T] must be contiguous int32");
+  const int64_t T = q.size(0), heads = q.size(1), kv_heads = k_cache.size(2), D = q.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && heads % kv_heads == 0, "head shapes do not match");
+  at::Tensor o = at::empty_like(q);
+  const AttnShape shape{heads, kv_heads, D, k_cache.size(1), block_tables.size(1), float(scale)};
+  attention(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
+            seq_lens.data_ptr<int32_t>(), T, window, shape, o.data_ptr<float>());
+  return o;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ignis_cpu, m) {
+  m.def(
+      "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+      "float scale, int window) -> Tensor");
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor seq_lens, "
       "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor?[] biases, "
@@ -330,4 +357,7 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "float eps, float scale, bool int4, int group) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(ignis_cpu, CPU, m) { m.impl("decode_layers", TORCH_FN(decode_layers)); }
+TORCH_LIBRARY_IMPL(ignis_cpu, CPU, m) {
+  m.impl("decode_layers", TORCH_FN(decode_layers));
+  m.impl("paged_decode_attention", TORCH_FN(paged_decode_attention));
+}

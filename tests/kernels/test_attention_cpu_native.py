@@ -1,0 +1,69 @@
+"""The native paged decode attention (kernels/cpu/decode.cpp through
+kernels.attention_cpu_native.NativeCpuAttention) against kernels' reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_native, paged_attention_ref
+from kernels.attention_cpu_native import NativeCpuAttention
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _native_op() -> None:
+    if not cpu_native.load():
+        pytest.skip("no native CPU decode op on this machine (no C++ compiler?)")
+
+
+def _case(seq_lens: list[int], q_lens: list[int], *, bs: int = 4, kv_heads: int = 2, heads: int = 6, dim: int = 16,
+          seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    counts = [-(-n // bs) for n in seq_lens]
+    num_blocks = sum(counts) + 3
+    k_cache = torch.randn(num_blocks, bs, kv_heads, dim, generator=g)
+    v_cache = torch.randn(num_blocks, bs, kv_heads, dim, generator=g)
+    perm = torch.randperm(num_blocks, generator=g)  # scattered blocks: a wrong lookup shows
+    width, tables, nxt = max(counts), [], 0
+    for c in counts:
+        tables.append(perm[nxt : nxt + c].tolist() + [-1] * (width - c))
+        nxt += c
+    block_tables = torch.tensor(tables, dtype=torch.int32)
+    qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    q = torch.randn(int(qsl[-1]), heads, dim, generator=g)
+    d = sum(1 for n in q_lens if n == 1)
+    op = NativeCpuAttention(block_tables, qsl, lens, num_decodes=d,
+                            decode_max_seq_len=max(seq_lens[:d], default=0), block_size=bs)
+    return op, (q, k_cache, v_cache, block_tables, qsl, lens)
+
+
+@pytest.mark.parametrize("window", [None, 5, 300])
+@pytest.mark.parametrize("rows", ["lone", "decodes", "decodes+prefill"])
+def test_native_decode_attention_matches_reference(window: int | None, rows: str) -> None:
+    # Lengths around the 256-key work units (split across threads, merged): 1, 255, 256, 257, 700.
+    seq_lens, q_lens = [700, 1, 257, 9, 256, 255], [1] * 6
+    if rows == "lone":
+        seq_lens, q_lens = [700], [1]
+    elif rows == "decodes+prefill":
+        seq_lens, q_lens = [*seq_lens, 30, 12], [*q_lens, 5, 12]
+    op, args = _case(seq_lens, q_lens)
+    got = op(*args, scale=0.3, sliding_window=window)
+    want = paged_attention_ref(*args, 0.3, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    out = torch.full_like(args[0], float("nan"))  # the engine's form: fill a given buffer
+    op(*args, scale=0.3, sliding_window=window, out=out)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_kv_head_and_wide_groups() -> None:
+    op, args = _case([40, 3], [1, 1], kv_heads=1, heads=8, dim=64)
+    torch.testing.assert_close(op(*args, scale=None), paged_attention_ref(*args, None), rtol=1e-5, atol=1e-5)
+
+
+def test_other_dtypes_take_the_eager_path() -> None:
+    op, (q, k, v, bt, qsl, lens) = _case([20, 7], [1, 1])
+    want = paged_attention_ref(q.double(), k.double(), v.double(), bt, qsl, lens, 0.3)
+    got = op(q.double(), k.double(), v.double(), bt, qsl, lens, scale=0.3)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
