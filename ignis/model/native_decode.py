@@ -15,22 +15,26 @@ other forms stay eager.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from ignis.model.kv_cache import KVCaches
 from ignis.model.layers import Linear, RMSNorm
-from ignis.model.gguf_quant import GROUP
 from ignis.model.lm_head import NARROW_ROWS
-from ignis.model.packed import Int4Linear, Int8Linear, MixedLinear, PackedLinear
 from ignis.model.transformer import Transformer
 from kernels import cpu_native
+
+if TYPE_CHECKING:  # packed.py imports gguf, which an image without it never needs here
+    from ignis.model.packed import PackedLinear
 
 log = logging.getLogger(__name__)
 
 
 def _narrow(op: object) -> tuple[PackedLinear | None, int | None]:
     """(the int4/int8 GEMM serving few rows, the most rows it serves; None = any)."""
+    from ignis.model.packed import Int4Linear, Int8Linear, MixedLinear
+
     if isinstance(op, MixedLinear):
         return _narrow(op.narrow)[0], NARROW_ROWS
     if isinstance(op, Int4Linear | Int8Linear):
@@ -40,6 +44,9 @@ def _narrow(op: object) -> tuple[PackedLinear | None, int | None]:
 
 class NativeDecoder:
     def __init__(self, model: Transformer, gemms: list[PackedLinear], max_rows: int | None) -> None:
+        from ignis.model.gguf_quant import GROUP
+        from ignis.model.packed import Int4Linear, Int8Linear
+
         c = model.config
         self.model = model
         self.max_rows = max_rows
