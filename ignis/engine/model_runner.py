@@ -145,8 +145,7 @@ class ModelRunner:
         if native_decode and self.use_cpu_attention and cpu_native.load():
             self.cpu_attention = NativeCpuAttention
         if self.native is not None:
-            log.info("decode steps of up to %s rows run natively (kernels/cpu/decode.cpp)",
-                     self.native.max_rows or "any number of")
+            log.info("decode steps run natively (kernels/cpu/decode.cpp)")
         self.sampler = Sampler()
         self._copied: torch.cuda.Event | None = None
         if self.on_cuda:  # pinned host buffers: one non-blocking copy each per step
@@ -268,7 +267,7 @@ class ModelRunner:
     def forward(self, inputs: DeviceBatch) -> torch.Tensor | None:
         """The model over the step, then the head at the sampling rows (None: no row samples)."""
         meta = inputs.meta
-        if self.native is not None and meta.max_query_len == 1 and self.native.serves(len(inputs.order)):
+        if self.native is not None and meta.max_query_len == 1:
             hidden = self.native(inputs.input_ids, inputs.positions, self.kv_caches, meta.slot_mapping,
                                  meta.block_tables, meta.seq_lens)
         else:

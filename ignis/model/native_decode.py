@@ -1,15 +1,14 @@
 """Decode steps of a packed CPU model through one native call (kernels/cpu/decode.cpp).
 
     native = NativeDecoder.build(model)          # None: this model or machine has no native path
-    if native is not None and native.serves(num_rows):
-        hidden = native(input_ids, positions, kv_caches, slots, block_tables, seq_lens)
+    hidden = native(input_ids, positions, kv_caches, slots, block_tables, seq_lens)
 
-A step whose rows each add one token to their own sequence (decode), at the rows where
-every projection's GEMM is torch's int4 or int8 weight-only kernel (the `quantized` form,
-and `mixed` up to NARROW_ROWS rows), runs every layer in C++: same weights, same GEMMs,
-same fp32 arithmetic as the eager forward (ignis/model/transformer.py) to float rounding,
-without its ~40 ATen calls and Python frames per layer. Prefill chunks, wider steps and
-other forms stay eager.
+A step whose rows each add one token to their own sequence (decode), in a model whose
+projections are torch's int4 or int8 weight-only GEMMs (the `quantized` form; `mixed`,
+whose steps of more than NARROW_ROWS rows go through its oneDNN bf16 GEMMs instead), runs
+every layer in C++: same weights, same GEMMs, same fp32 arithmetic as the eager forward
+(ignis/model/transformer.py) to float rounding, without its ~40 ATen calls and Python
+frames per layer. Prefill chunks and other forms stay eager.
 """
 
 from __future__ import annotations
@@ -31,25 +30,28 @@ if TYPE_CHECKING:  # packed.py imports gguf, which an image without it never nee
 log = logging.getLogger(__name__)
 
 
-def _narrow(op: object) -> tuple[PackedLinear | None, int | None]:
-    """(the int4/int8 GEMM serving few rows, the most rows it serves; None = any)."""
+def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
+    """(the int4/int8 GEMM, the mixed form's bf16 GEMM for wider steps or None); (None, None)
+    when the op is neither."""
     from ignis.model.packed import Int4Linear, Int8Linear, MixedLinear
 
     if isinstance(op, MixedLinear):
-        return _narrow(op.narrow)[0], NARROW_ROWS
+        return _split(op.narrow)[0], op.wide
     if isinstance(op, Int4Linear | Int8Linear):
         return op, None
     return None, None
 
 
 class NativeDecoder:
-    def __init__(self, model: Transformer, gemms: list[PackedLinear], max_rows: int | None) -> None:
+    def __init__(self, model: Transformer, gemms: list[PackedLinear], wide: list[PackedLinear]) -> None:
         from ignis.model.gguf_quant import GROUP
-        from ignis.model.packed import Int4Linear, Int8Linear
+        from ignis.model.packed import Bf16Linear, Int4Linear, Int8Linear
 
         c = model.config
         self.model = model
-        self.max_rows = max_rows
+        # The mixed form's bf16 GEMMs (oneDNN-packed weights) for steps of more rows.
+        assert all(isinstance(w, Bf16Linear) for w in wide)
+        self.wide = [w.packed for w in wide]
         self.int4 = isinstance(gemms[0], Int4Linear)
         self.weights: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
@@ -71,40 +73,37 @@ class NativeDecoder:
         self._caches: tuple[KVCaches, list[torch.Tensor], list[torch.Tensor]] | None = None
         self.windows = [layer.self_attn.sliding_window or 0 for layer in model.layers]
         self.args = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps),
-                     float(model.layers[0].self_attn.scale), self.int4, GROUP)
+                     float(model.layers[0].self_attn.scale), self.int4, GROUP, NARROW_ROWS)
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> NativeDecoder | None:
         """The native decoder of `model`, or None where it does not apply: not a packed CPU
-        Transformer whose projections all have one int4 (or all one int8) GEMM, unusual
-        norms, or no native op on this machine (kernels.cpu_native.load)."""
+        Transformer whose projections all have one int4 (or all one int8) GEMM (beside a
+        bf16 one in every projection, or in none), unusual norms, or no native op on this
+        machine (kernels.cpu_native.load)."""
         if not isinstance(model, Transformer) or model.device.type != "cpu":
             return None
         if model.weight_form not in ("quantized", "mixed") or model.embed_op is None:
             return None
         gemms: list[PackedLinear] = []
-        limits: set[int | None] = set()
+        wide: list[PackedLinear] = []
         for layer in model.layers:
             for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
                 if type(lin) is not Linear:  # e.g. a tensor-parallel wrapper that all-reduces
                     return None
-                g, limit = _narrow(lin.linear_op)
+                g, w = _split(lin.linear_op)
                 if g is None:
                     return None
                 gemms.append(g)
-                limits.add(limit)
+                wide += [w] if w is not None else []
             norms = [layer.input_layernorm, layer.post_attention_layernorm]
             if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
                 return None
-        if len({type(g) for g in gemms}) != 1 or len(limits) != 1:
+        if len({type(g) for g in gemms}) != 1 or len(wide) not in (0, len(gemms)):
             return None
         if not cpu_native.load():
             return None
-        return cls(model, gemms, limits.pop())
-
-    def serves(self, num_rows: int) -> bool:
-        """Whether a decode step of `num_rows` rows (one token each) runs natively."""
-        return num_rows >= 1 and (self.max_rows is None or num_rows <= self.max_rows)
+        return cls(model, gemms, wide)
 
     @torch.inference_mode()
     def __call__(
@@ -123,5 +122,5 @@ class NativeDecoder:
         return torch.ops.ignis_cpu.decode_layers(
             x, cos.reshape(T, -1).contiguous(), sin.reshape(T, -1).contiguous(),
             slots, block_tables.contiguous(), seq_lens, self._caches[1], self._caches[2],
-            self.norms, self.weights, self.biases, self.qk_norms, self.windows, *self.args,
+            self.norms, self.weights, self.wide, self.biases, self.qk_norms, self.windows, *self.args,
         )

@@ -3,8 +3,8 @@
 //
 // Why native: at one row the eager forward is ~40 ATen calls per layer at 2-3 us each
 // plus Python around them, as much time as the matrix work (RESULTS.md, session 6).
-// Here the GEMMs are still torch's weight-only int4 / int8 kernels (called through ATen,
-// four per layer); everything between them (RMSNorm, biases, rotary, q/k norms, the KV
+// Here the GEMMs are still torch's (weight-only int4 / int8, or oneDNN bf16 for the mixed
+// form's wider steps; four per layer); everything between them (RMSNorm, biases, rotary, q/k norms, the KV
 // write, paged attention, SiLU-and-multiply, residuals, the bf16 casts) is plain loops
 // over a few thousand floats, and attention is split over keys across torch's threads.
 //
@@ -17,6 +17,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
 #include <ATen/ops/_weight_int8pack_mm.h>
 #include <ATen/ops/empty.h>
@@ -76,13 +77,39 @@ inline void to_bf16(const float* x, int64_t n, uint16_t* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
 }
 
-// y [T, N] bf16 = x [T, K] bf16 @ W^T, by torch's weight-only GEMM: int4 with s the
-// [K/group, N, 2] scales and zeros, or int8 with s the [N] row scales.
-at::Tensor gemm(const at::Tensor& xb, const at::Tensor& w, const at::Tensor& s, bool int4, int64_t group) {
-  at::Tensor y = int4 ? at::_weight_int4pack_mm_for_cpu(xb, w, group, s) : at::_weight_int8pack_mm(xb, w, s);
-  TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kBFloat16, "decode_layers: unexpected GEMM output");
-  return y;
+// oneDNN's bf16 GEMM over a weight it reordered (ignis/model/packed.py's Bf16Linear): the
+// op is registered by torch's Python side only, so it is looked up once and called boxed.
+at::Tensor onednn_linear(const at::Tensor& xb, const at::Tensor& packed) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  static const auto typed = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                                c10::string_view, c10::List<std::optional<c10::Scalar>>,
+                                                std::optional<c10::string_view>)>();
+  return typed.call(xb, packed, std::nullopt, "none", c10::List<std::optional<c10::Scalar>>(), "");
 }
+
+// The step's GEMMs: y [T, N] bf16 = x [T, K] bf16 @ W^T by torch's weight-only kernels
+// (`narrow`: per projection (w, s), int4 with s the [K/group, N, 2] scales and zeros, or
+// int8 with s the [N] row scales), or by oneDNN bf16 (`wide`: per projection the packed
+// weight; the mixed form's GEMM for steps of more than narrow_rows rows).
+struct Gemms {
+  at::TensorList narrow, wide;
+  bool int4, use_wide;
+  int64_t group;
+
+  at::Tensor operator()(const at::Tensor& xb, int64_t layer, int64_t proj) const {
+    at::Tensor y;
+    if (use_wide) {
+      y = onednn_linear(xb, wide[4 * layer + proj]);
+    } else {
+      const at::Tensor& w = narrow[8 * layer + 2 * proj];
+      const at::Tensor& s = narrow[8 * layer + 2 * proj + 1];
+      y = int4 ? at::_weight_int4pack_mm_for_cpu(xb, w, group, s) : at::_weight_int8pack_mm(xb, w, s);
+    }
+    TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kBFloat16, "decode_layers: unexpected GEMM output");
+    return y;
+  }
+};
 
 // Rows of a bf16 GEMM output read as fp32, plus an optional bias: the eager Linear's
 // `y.float() + bias`.
@@ -218,18 +245,20 @@ at::Tensor decode_layers(
     at::TensorList k_caches,          // per layer [blocks, block_size, kv_heads, D] fp32
     at::TensorList v_caches,
     at::TensorList norms,             // per layer input and post-attention norm, then the final norm
-    at::TensorList weights,           // per layer (w, s) for qkv, o, gate_up, down
+    at::TensorList weights,           // per layer (w, s) for qkv, o, gate_up, down: int4 or int8
+    at::TensorList wide,              // per layer oneDNN bf16 qkv, o, gate_up, down, or empty
     const c10::List<c10::optional<at::Tensor>>& biases,     // per layer qkv, o, gate_up, down
     const c10::List<c10::optional<at::Tensor>>& qk_norms,   // per layer q_norm, k_norm (Qwen3), or empty
     at::IntArrayRef windows,          // per layer sliding window, 0 = none
     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
-    double eps, double scale, bool int4, int64_t group) {
+    double eps, double scale, bool int4, int64_t group, int64_t narrow_rows) {
   const int64_t L = int64_t(k_caches.size());
   const int64_t T = x_in.size(0), H = x_in.size(1), D = head_dim, I = intermediate;
   const int64_t Q = heads * D, KV = kv_heads * D, QKV = Q + 2 * KV;
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.is_contiguous(), "decode_layers: x must be contiguous fp32");
   TORCH_CHECK(int64_t(v_caches.size()) == L && int64_t(norms.size()) == 2 * L + 1 && int64_t(weights.size()) == 8 * L &&
                   int64_t(biases.size()) == 4 * L && int64_t(windows.size()) == L &&
+                  (wide.size() == 0 || int64_t(wide.size()) == 4 * L) &&
                   (qk_norms.size() == 0 || int64_t(qk_norms.size()) == 2 * L),
               "decode_layers: per-layer lists of the wrong length");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && slots.is_contiguous() && block_tables.is_contiguous() &&
@@ -251,6 +280,7 @@ at::Tensor decode_layers(
   const int64_t* slot = slots.data_ptr<int64_t>();
   const AttnShape shape{heads, kv_heads, D, k_caches[0].size(1), block_tables.size(1), float(scale)};
 
+  const Gemms gemm{weights, wide, int4, wide.size() > 0 && T > narrow_rows, group};
   auto bias_of = [&](int64_t i) -> const float* {
     const c10::optional<at::Tensor> b = biases.get(i);
     return b.has_value() ? b->data_ptr<float>() : nullptr;
@@ -265,9 +295,8 @@ at::Tensor decode_layers(
   };
 
   for (int64_t l = 0; l < L; ++l) {
-    const at::Tensor* wl = weights.data() + 8 * l;
     // Attention block: qkv, rotary, the KV write, attention, o_proj.
-    at::Tensor qkv = gemm(norm_in(norms[2 * l]), wl[0], wl[1], int4, group);
+    at::Tensor qkv = gemm(norm_in(norms[2 * l]), l, 0);
     const uint16_t* y = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
     const float* bqkv = bias_of(4 * l);
     float* kc = k_caches[l].data_ptr<float>();
@@ -289,14 +318,14 @@ at::Tensor decode_layers(
     attention(qbuf.data(), kc, vc, block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), T, windows[l], shape,
               obuf.data());
     to_bf16(obuf.data(), T * Q, reinterpret_cast<uint16_t*>(o_in.data_ptr()));
-    at::Tensor o = gemm(o_in, wl[2], wl[3], int4, group);
+    at::Tensor o = gemm(o_in, l, 1);
     const uint16_t* oy = reinterpret_cast<const uint16_t*>(o.data_ptr());
     const float* bo = bias_of(4 * l + 1);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(oy + t * H, bo, i, i);
 
     // MLP block: gate|up, SiLU(gate) * up, down.
-    at::Tensor gu = gemm(norm_in(norms[2 * l + 1]), wl[4], wl[5], int4, group);
+    at::Tensor gu = gemm(norm_in(norms[2 * l + 1]), l, 2);
     const uint16_t* gy = reinterpret_cast<const uint16_t*>(gu.data_ptr());
     const float* bgu = bias_of(4 * l + 2);
     uint16_t* ap = reinterpret_cast<uint16_t*>(a_in.data_ptr());
@@ -311,7 +340,7 @@ at::Tensor decode_layers(
       }
       to_bf16(act, I, ap + t * I);
     }
-    at::Tensor d = gemm(a_in, wl[6], wl[7], int4, group);
+    at::Tensor d = gemm(a_in, l, 3);
     const uint16_t* dy = reinterpret_cast<const uint16_t*>(d.data_ptr());
     const float* bd = bias_of(4 * l + 3);
     for (int64_t t = 0; t < T; ++t)
@@ -346,18 +375,18 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 
 }  // namespace
 
+// Catch-all kernels: the mixed form's oneDNN weights are MkldnnCPU tensors, which would
+// otherwise send the call to a backend with no kernel.
 TORCH_LIBRARY(ignis_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-      "float scale, int window) -> Tensor");
+      "float scale, int window) -> Tensor",
+      TORCH_FN(paged_decode_attention));
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor seq_lens, "
-      "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor?[] biases, "
+      "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor[] wide, Tensor?[] biases, "
       "Tensor?[] qk_norms, int[] windows, int heads, int kv_heads, int head_dim, int intermediate, "
-      "float eps, float scale, bool int4, int group) -> Tensor");
+      "float eps, float scale, bool int4, int group, int narrow_rows) -> Tensor",
+      TORCH_FN(decode_layers));
 }
 
-TORCH_LIBRARY_IMPL(ignis_cpu, CPU, m) {
-  m.impl("decode_layers", TORCH_FN(decode_layers));
-  m.impl("paged_decode_attention", TORCH_FN(paged_decode_attention));
-}
