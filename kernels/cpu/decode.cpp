@@ -111,11 +111,11 @@ struct Gemms {
   }
 };
 
-// Rows of a bf16 GEMM output read as fp32, plus an optional bias: the eager Linear's
-// `y.float() + bias`.
-inline float out_at(const uint16_t* y, const float* bias, int64_t i, int64_t col) {
+// Element i of a bf16 GEMM output row read as fp32, plus an optional bias: the eager
+// Linear's `y.float() + bias`.
+inline float out_at(const uint16_t* y, const float* bias, int64_t i) {
   const float v = bf16_to_float(y[i]);
-  return bias ? v + bias[col] : v;
+  return bias ? v + bias[i] : v;
 }
 
 struct AttnShape {
@@ -303,7 +303,7 @@ at::Tensor decode_layers(
     float* vc = v_caches[l].data_ptr<float>();
     for (int64_t t = 0; t < T; ++t) {
       float* row = tmp.data();
-      for (int64_t i = 0; i < QKV; ++i) row[i] = out_at(y + t * QKV, bqkv, i, i);
+      for (int64_t i = 0; i < QKV; ++i) row[i] = out_at(y + t * QKV, bqkv, i);
       if (qk_norms.size()) {
         const float* qn = qk_norms.get(2 * l)->data_ptr<float>();
         const float* kn = qk_norms.get(2 * l + 1)->data_ptr<float>();
@@ -322,7 +322,7 @@ at::Tensor decode_layers(
     const uint16_t* oy = reinterpret_cast<const uint16_t*>(o.data_ptr());
     const float* bo = bias_of(4 * l + 1);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(oy + t * H, bo, i, i);
+      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(oy + t * H, bo, i);
 
     // MLP block: gate|up, SiLU(gate) * up, down.
     at::Tensor gu = gemm(norm_in(norms[2 * l + 1]), l, 2);
@@ -344,7 +344,7 @@ at::Tensor decode_layers(
     const uint16_t* dy = reinterpret_cast<const uint16_t*>(d.data_ptr());
     const float* bd = bias_of(4 * l + 3);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(dy + t * H, bd, i, i);
+      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(dy + t * H, bd, i);
   }
   const float* fw = norms[2 * L].data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) rms_norm(xp + t * H, fw, float(eps), H, xp + t * H);
