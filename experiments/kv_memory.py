@@ -37,7 +37,7 @@ def rss_mib() -> dict[str, float]:
         key, _, value = line.partition(":")
         if key in ("VmRSS", "VmHWM"):
             out[key] = int(value.split()[0]) / 1024
-    huge = re.search(r"^AnonHugePages:\s+(\d+)", Path("/proc/self/smaps_rollup").read_text(), re.M)
+    huge = re.search(r"^AnonHugePages:\s+(\d+)", Path("/proc/self/smaps_rollup").read_text(), re.MULTILINE)
     out["AnonHugePages"] = int(huge.group(1)) / 1024 if huge else float("nan")
     return out
 

@@ -25,7 +25,11 @@ from pathlib import Path
 import torch
 
 from ignis.model.attention_metadata import AttentionMetadata
-from ignis.model.kv_cache import KV_CACHE_DTYPES, allocate_kv_caches, resolve_kv_cache_dtype
+from ignis.model.kv_cache import (
+    KV_CACHE_DTYPES,
+    allocate_kv_caches,
+    resolve_kv_cache_dtype,
+)
 from ignis.model.loader import load_model
 
 TEXT = Path(__file__).with_name("perplexity_text.txt")
