@@ -43,6 +43,12 @@ class WeightForm(str, Enum):
     mixed = "mixed"  # CPU: both, quantized for steps of <= 4 rows, bf16 for more
 
 
+class KVCacheDType(str, Enum):
+    auto = "auto"  # CPU: bfloat16 for the packed weight forms, else the model's; CUDA: the model's
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 class KernelBackend(str, Enum):
     auto = "auto"  # Triton on CUDA, the PyTorch references elsewhere
     triton = "triton"
@@ -123,6 +129,11 @@ class EngineConfig:
     # with the system's g++; ignis/model/native_decode.py). false, or no compiler = the
     # eager PyTorch forward.
     cpu_native_decode: bool = True
+    # The KV cache's element type (ignis/model/kv_cache.py). CPU: auto = bfloat16 for the
+    # packed weight forms (quantized, mixed, bfloat16: half the cache's memory; attention
+    # still computes in fp32), the model's dtype for float32 (the exact reference). CUDA
+    # (Triton kernels): the model's dtype; an explicit other one is refused.
+    kv_cache_dtype: KVCacheDType = KVCacheDType.auto
     # Ranks the model is split over (Megatron-style, by heads; ignis/engine/tensor_parallel.py):
     # 1 = one process, as ever; N > 1 starts N-1 worker processes (or joins a `torchrun`
     # launch), NCCL between GPUs, gloo on the CPU. Needs dense weights (model.weight_form

@@ -12,6 +12,10 @@ context (or window), and the query heads that share a kv head become that head's
 rows, so SDPA runs unmasked with no GQA expansion (RESULTS.md, session 6: 20.6 vs 22.6 us
 per layer at 80 keys, 289 vs 355 at 2000, one thread).
 
+SDPA runs in fp32 whatever the cache holds: a bf16 cache (engine.kv_cache_dtype) has its
+gathered keys and values widened once per call, since torch's CPU SDPA in bf16 is 5-9x
+slower than in fp32 at decode sizes.
+
 The runner puts the decode rows first in the batch, so they are q[:num_decodes].
 Same contract and signature as kernels.paged_attention (the hints are ignored).
 """
@@ -78,10 +82,11 @@ class BatchedCpuAttention:
         else:
             k = k_cache.reshape(num_blocks, -1).index_select(0, self.index)
             v = v_cache.reshape(num_blocks, -1).index_select(0, self.index)
-        k = k.view(-1, kv_heads, head_dim)[lo:n].transpose(0, 1)[None]  # [1, kv_heads, keys, dim]
-        v = v.view(-1, kv_heads, head_dim)[lo:n].transpose(0, 1)[None]
+        # Only the keys it sees are widened (an fp32 cache: no copy).
+        k = k.view(-1, kv_heads, head_dim)[lo:n].float().transpose(0, 1)[None]  # [1, kv_heads, keys, dim]
+        v = v.view(-1, kv_heads, head_dim)[lo:n].float().transpose(0, 1)[None]
         # Query head h reads kv head h // group: a kv head's group of query heads are rows.
-        qg = q[:1].reshape(1, kv_heads, num_heads // kv_heads, head_dim).to(k.dtype)
+        qg = q[:1].reshape(1, kv_heads, num_heads // kv_heads, head_dim).float()
         o = F.scaled_dot_product_attention(qg, k, v, scale=scale)
         return o.view(1, num_heads, head_dim)
 
@@ -115,10 +120,10 @@ class BatchedCpuAttention:
             else:
                 k = k_cache.reshape(num_blocks, -1).index_select(0, self.index)
                 v = v_cache.reshape(num_blocks, -1).index_select(0, self.index)
-            k = k.view(d, self.ctx, kv_heads, head_dim).transpose(1, 2)
-            v = v.view(d, self.ctx, kv_heads, head_dim).transpose(1, 2)
+            k = k.view(d, self.ctx, kv_heads, head_dim).float().transpose(1, 2)
+            v = v.view(d, self.ctx, kv_heads, head_dim).float().transpose(1, 2)
             o = F.scaled_dot_product_attention(
-                q[:d].view(d, num_heads, 1, head_dim).to(k.dtype),
+                q[:d].view(d, num_heads, 1, head_dim).float(),
                 k,
                 v,
                 attn_mask=self._decode_mask(sliding_window),

@@ -6,7 +6,8 @@ The eager batched path gathers every decode row's blocks into one padded [d, ctx
 per layer and runs SDPA over it with a mask: at 64 rows the gather and SDPA were a third
 of a decode step (RESULTS.md, session 7). The native op reads each row's keys in place
 from its blocks, exactly its length (or window), split over keys across threads. Prefill
-rows are CpuAttention's as before (as is everything when q or the cache is not fp32).
+rows are CpuAttention's as before (as is everything when q is not fp32, or the cache
+neither fp32 nor bf16).
 Same constructor and call.
 """
 
@@ -43,7 +44,7 @@ class NativeCpuAttention:
         **hints: object,
     ) -> torch.Tensor:
         d = self.num_decodes
-        if not d or q.dtype != torch.float32 or k_cache.dtype != torch.float32:
+        if not d or q.dtype != torch.float32 or k_cache.dtype not in (torch.float32, torch.bfloat16):
             if self._eager is None:
                 bt, qsl, sl, nd, ml, bs = self._eager_args
                 self._eager = CpuAttention(bt, qsl, sl, num_decodes=nd, decode_max_seq_len=ml, block_size=bs)

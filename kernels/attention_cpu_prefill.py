@@ -14,6 +14,8 @@ Each part runs torch's fused flash kernel (`_scaled_dot_product_flash_attention_
 which also returns the log-sum-exp of each row), and the two partial softmaxes merge
 exactly: out = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2}), computed relative to the max.
 Sliding windows go to the reference. Same contract as kernels.paged_attention_ref.
+The flash kernel runs in q's dtype: a bf16 cache (engine.kv_cache_dtype) under fp32
+activations has each sequence's gathered keys and values widened to fp32 once.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     dtype = q.dtype
     qh = q.transpose(0, 1)[None]  # [1, Hq, q_len, D]
     # The flash kernel wants equal head counts: each kv head serves `group` query heads.
+    # (It also wants one dtype: a bf16 cache's rows are widened to fp32 q's here.)
     kh = k.transpose(0, 1).to(dtype)
     vh = v.transpose(0, 1).to(dtype)
     if group > 1:

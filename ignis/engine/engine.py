@@ -38,7 +38,7 @@ from ignis.engine.stop import TextStream
 from ignis.engine.thinking import BudgetState
 from ignis.engine.tp_group import RunnerSpec
 from ignis.model.config import ModelConfig
-from ignis.model.kv_cache import kv_cache_bytes_per_block
+from ignis.model.kv_cache import kv_cache_bytes_per_block, resolve_kv_cache_dtype
 from ignis.model.loader import LoadedModel
 
 if TYPE_CHECKING:
@@ -71,6 +71,18 @@ class EngineStats:
     num_room_waiters: int = 0
 
 
+def kv_cache_dtype(loaded: LoadedModel, cfg: EngineConfig) -> torch.dtype:
+    """The KV cache's dtype for this model under engine.kv_cache_dtype (resolve_kv_cache_dtype).
+    Without weights (a tensor-parallel rank 0) the shards are dense: the float32 form; the
+    scripted model (no weight form) keeps token ids in its cache, exact only in fp32."""
+    form = getattr(loaded.model, "weight_form", "float32")
+    backend = getattr(cfg.kernel_backend, "value", cfg.kernel_backend)
+    return resolve_kv_cache_dtype(
+        getattr(cfg.kv_cache_dtype, "value", cfg.kv_cache_dtype), model_dtype=loaded.dtype, weight_form=form,
+        triton=loaded.device.type == "cuda" or backend == "triton",
+    )
+
+
 def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig, shard: ModelConfig | None = None,
                         ranks_on_host: int = 1) -> int:
     """cfg.num_kv_blocks, else the memory budget (kv_cache_gib, or auto) / bytes per block,
@@ -81,7 +93,8 @@ def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig, shard: ModelConf
     if cfg.num_kv_blocks is not None:
         return int(cfg.num_kv_blocks)
     kv_config = shard or loaded.config
-    per_block = kv_cache_bytes_per_block(kv_config, cfg.block_size, loaded.dtype)
+    dtype = kv_cache_dtype(loaded, cfg)
+    per_block = kv_cache_bytes_per_block(kv_config, cfg.block_size, dtype)
     if cfg.kv_cache_gib is not None:
         budget = cfg.kv_cache_gib * _GIB
     elif loaded.device.type == "cuda":
@@ -105,8 +118,8 @@ def kv_cache_num_blocks(loaded: LoadedModel, cfg: EngineConfig, shard: ModelConf
                 f" per rank, {per_block / 1024:.1f} KiB a block: the shard's {shard.num_kv_heads} of "
                 f"{loaded.config.num_kv_heads} KV heads")
     log.info(
-        "KV cache: %d blocks (%.2f GiB%s): %s (max_num_seqs %d x %d tokens = %d blocks; budget %.2f GiB%s)",
-        blocks, blocks * per_block / _GIB, per_rank,
+        "KV cache: %d blocks (%.2f GiB, %s%s): %s (max_num_seqs %d x %d tokens = %d blocks; budget %.2f GiB%s)",
+        blocks, blocks * per_block / _GIB, str(dtype).removeprefix("torch."), per_rank,
         "every sequence at full length" if blocks == cap else "the memory budget",
         cfg.max_num_seqs, model_len, cap, budget / _GIB, source,
     )
@@ -133,6 +146,7 @@ class LLMEngine:
         # thread (the AsyncEngine) must set it again there.
         self.num_threads = torch.get_num_threads()
         self.block_size = cfg.block_size
+        self.kv_cache_dtype = kv_cache_dtype(loaded, cfg)  # refused here, before any rank starts
         tp_start = None
         if tp == 1:
             if loaded.model is None:
@@ -166,10 +180,11 @@ class LLMEngine:
         self.num_steps = 0
         self.num_generated_tokens = 0
         log.info(
-            "engine: %d KV blocks of %d tokens (%.2f GiB), max_model_len %d, max_num_seqs %d, "
+            "engine: %d KV blocks of %d tokens (%.2f GiB, %s), max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d, prefix caching %s",
             self.num_blocks, cfg.block_size,
-            self.num_blocks * kv_cache_bytes_per_block(self.kv_config, cfg.block_size, loaded.dtype) / _GIB,
+            self.num_blocks * kv_cache_bytes_per_block(self.kv_config, cfg.block_size, self.kv_cache_dtype) / _GIB,
+            str(self.kv_cache_dtype).removeprefix("torch."),
             self.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.enable_prefix_caching,
         )
 
@@ -193,7 +208,8 @@ class LLMEngine:
         )
         spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,
-                          pack_cpu_weights=cfg.cpu_pack_weights, native_decode=cfg.cpu_native_decode)
+                          pack_cpu_weights=cfg.cpu_pack_weights, native_decode=cfg.cpu_native_decode,
+                          kv_cache_dtype=self.kv_cache_dtype)
         self.runner: ModelRunner
         if tp_start is None:
             assert loaded.model is not None

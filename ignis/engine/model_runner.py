@@ -122,11 +122,14 @@ class ModelRunner:
         max_model_len: int,
         pack_cpu_weights: bool = True,
         native_decode: bool = True,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.device = model.device
         self.block_size = block_size
-        self.kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, dtype=model.dtype, device=self.device)
+        # The engine resolves the dtype (engine.kv_cache_dtype); None = the model's.
+        self.kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, dtype=kv_cache_dtype or model.dtype,
+                                            device=self.device)
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.on_cuda = self.device.type == "cuda"
         # CPU: GEMMs over oneDNN-packed weights (see cpu_weights.py); the head's op is ours.

@@ -62,6 +62,7 @@ class RunnerSpec:
     max_model_len: int
     pack_cpu_weights: bool
     native_decode: bool = True
+    kv_cache_dtype: torch.dtype | None = None  # None: the model's dtype
 
 
 Spec = TypeVar("Spec", ShardSpec, RunnerSpec)

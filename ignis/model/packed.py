@@ -16,9 +16,11 @@ The LM head (ignis/model/lm_head.py), in both packed forms: int8 with dynamic-qu
 activations for steps of few sampling rows (4x faster than bf16 at one row), bf16 oneDNN
 for more (the more accurate; not built for an engine of at most 4 sequences), each row's
 top candidates then recomputed in fp32 from exact rows (a rounded head flips near-ties).
-Activations (and the KV cache) stay fp32: each GEMM casts its input to bf16 and its
-output back (torch's CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32
-at decode sizes, measured; the casts cost ~2 us per GEMM). The embedding table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
+Activations stay fp32: each GEMM casts its input to bf16 and its output back (torch's
+CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32 at decode sizes,
+measured; the casts cost ~2 us per GEMM). The KV cache is stored in bf16 for these forms
+(engine.kv_cache_dtype auto; half the memory) and widened to fp32 where attention reads
+it. The embedding table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
 dequantized row by row as tokens are looked up. A tied head is therefore the only tensor
 held more than once (the table for lookups, the head's GEMM forms).
 

@@ -8,9 +8,11 @@
 // write, paged attention, SiLU-and-multiply, residuals, the bf16 casts) is plain loops
 // over a few thousand floats, and attention is split over keys across torch's threads.
 //
-// Arithmetic follows ignis/model/layers.py: fp32 activations and KV cache, each GEMM fed
-// bf16 (round to nearest even) and read back as fp32, biases added in fp32. The
-// reductions' order differs from torch's, so results agree to float rounding, not bits.
+// Arithmetic follows ignis/model/layers.py: fp32 activations, each GEMM fed bf16 (round
+// to nearest even) and read back as fp32, biases added in fp32. The KV cache is fp32 or
+// bf16 (engine.kv_cache_dtype): bf16 K/V are rounded as torch's .to(bfloat16) rounds them
+// and read back as fp32, so attention computes in fp32 either way. The reductions' order
+// differs from torch's, so results agree to float rounding, not bits.
 //
 // Built and loaded by kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers,
 // and paged_decode_attention (the same attention alone, for steps that stay eager).
@@ -77,6 +79,12 @@ inline void to_bf16(const float* x, int64_t n, uint16_t* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
 }
 
+// KV-cache elements: fp32, or bf16 held as its bits (what a kBFloat16 tensor stores).
+inline float kv_load(float x) { return x; }
+inline float kv_load(uint16_t x) { return bf16_to_float(x); }
+inline void kv_store(const float* x, int64_t n, float* y) { std::memcpy(y, x, n * sizeof(float)); }
+inline void kv_store(const float* x, int64_t n, uint16_t* y) { to_bf16(x, n, y); }
+
 // oneDNN's bf16 GEMM over a weight it reordered (ignis/model/packed.py's Bf16Linear): the
 // op is registered by torch's Python side only, so it is looked up once and called boxed.
 at::Tensor onednn_linear(const at::Tensor& xb, const at::Tensor& packed) {
@@ -128,7 +136,9 @@ struct AttnShape {
 // when window > 0). The keys split into units of kKeysPerUnit per (row, kv head); each
 // unit keeps its running max, sum and unnormalised output for the kv head's query group,
 // and the units of a (row, kv head) are merged afterwards (flash-decoding's split-K).
-void attention(const float* q, const float* kc, const float* vc, const int32_t* tables, const int32_t* seq_lens,
+// KV is the cache's element type (float or bf16 bits), widened to fp32 as it is read.
+template <typename KV>
+void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables, const int32_t* seq_lens,
                int64_t T, int64_t window, const AttnShape& a, float* o) {
   const int64_t G = a.heads / a.kv_heads, D = a.dim, BS = a.block_size;
   struct Unit { int64_t t, g, lo, hi; };
@@ -160,12 +170,12 @@ void attention(const float* q, const float* kc, const float* vc, const int32_t* 
       for (int64_t h = 0; h < G; ++h) out[h * (D + 2)] = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
         const int64_t pos = w.lo + j;
-        const float* kr = kc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
+        const KV* kr = kc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
         for (int64_t h = 0; h < G; ++h) {
           const float* qh = qg + h * D;
           float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qh[d] * kr[d];
+          for (int64_t d = 0; d < D; ++d) s += qh[d] * kv_load(kr[d]);
           s *= a.scale;
           scores[h * kKeysPerUnit + j] = s;
           out[h * (D + 2)] = std::max(out[h * (D + 2)], s);
@@ -185,12 +195,12 @@ void attention(const float* q, const float* kc, const float* vc, const int32_t* 
       }
       for (int64_t j = 0; j < n; ++j) {
         const int64_t pos = w.lo + j;
-        const float* vr = vc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
+        const KV* vr = vc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
         for (int64_t h = 0; h < G; ++h) {
           const float p = scores[h * kKeysPerUnit + j];
           float* acc = out + h * (D + 2) + 2;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * vr[d];
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * kv_load(vr[d]);
         }
       }
     }
@@ -221,6 +231,23 @@ void attention(const float* q, const float* kc, const float* vc, const int32_t* 
   }
 }
 
+// One layer's KV write and attention: the T rows' new K and V (k, v [T, KV] fp32) go to
+// their slots of the caches (whose elements are KV: float, or bf16 bits), then o = the
+// rows' attention over the caches.
+template <typename KV>
+void write_and_attend(const float* q, const float* k, const float* v, const int64_t* slots, const at::Tensor& k_cache,
+                      const at::Tensor& v_cache, const int32_t* tables, const int32_t* seq_lens, int64_t T,
+                      int64_t window, const AttnShape& a, float* o) {
+  KV* kc = reinterpret_cast<KV*>(k_cache.data_ptr());
+  KV* vc = reinterpret_cast<KV*>(v_cache.data_ptr());
+  const int64_t n = a.kv_heads * a.dim;
+  for (int64_t t = 0; t < T; ++t) {
+    kv_store(k + t * n, n, kc + slots[t] * n);
+    kv_store(v + t * n, n, vc + slots[t] * n);
+  }
+  attention(q, kc, vc, tables, seq_lens, T, window, a, o);
+}
+
 // Rotate each head of x [heads, D] in place: x*C + roll(x, D/2)*S with C = cat(cos, cos)
 // and S = cat(-sin, sin), the tables ignis/model/rope.py builds.
 inline void rotate(float* x, int64_t heads, int64_t D, const float* C, const float* S) {
@@ -242,7 +269,7 @@ at::Tensor decode_layers(
     const at::Tensor& slots,          // [T] int64: where each row's K/V go (block * block_size + offset)
     const at::Tensor& block_tables,   // [T, W] int32
     const at::Tensor& seq_lens,       // [T] int32: context length including the new token
-    at::TensorList k_caches,          // per layer [blocks, block_size, kv_heads, D] fp32
+    at::TensorList k_caches,          // per layer [blocks, block_size, kv_heads, D], all fp32 or all bf16
     at::TensorList v_caches,
     at::TensorList norms,             // per layer input and post-attention norm, then the final norm
     at::TensorList weights,           // per layer (w, s) for qkv, o, gate_up, down: int4 or int8
@@ -264,9 +291,13 @@ at::Tensor decode_layers(
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && slots.is_contiguous() && block_tables.is_contiguous() &&
                   seq_lens.is_contiguous() && heads % kv_heads == 0,
               "decode_layers: bad step tensors");
+  const at::ScalarType kv_type = k_caches[0].scalar_type();
+  TORCH_CHECK(kv_type == at::kFloat || kv_type == at::kBFloat16, "decode_layers: the KV cache must be fp32 or bf16");
   for (int64_t l = 0; l < L; ++l)
-    TORCH_CHECK(k_caches[l].is_contiguous() && v_caches[l].is_contiguous() && k_caches[l].scalar_type() == at::kFloat,
-                "decode_layers: the KV cache must be contiguous fp32");
+    TORCH_CHECK(k_caches[l].is_contiguous() && v_caches[l].is_contiguous() && k_caches[l].scalar_type() == kv_type &&
+                    v_caches[l].scalar_type() == kv_type,
+                "decode_layers: the KV caches must be contiguous and of one dtype");
+  const auto attend = kv_type == at::kBFloat16 ? write_and_attend<uint16_t> : write_and_attend<float>;
 
   at::Tensor x = x_in.clone();
   float* xp = x.data_ptr<float>();
@@ -274,7 +305,7 @@ at::Tensor decode_layers(
   // The GEMMs' bf16 inputs: normed hidden rows, attention outputs, SiLU(gate) * up.
   at::Tensor h_in = at::empty({T, H}, bf16), o_in = at::empty({T, Q}, bf16), a_in = at::empty({T, I}, bf16);
   std::vector<float> tmp(std::max({H, QKV, I}));  // one row at a time
-  std::vector<float> qbuf(T * Q), obuf(T * Q);
+  std::vector<float> qbuf(T * Q), kbuf(T * KV), vbuf(T * KV), obuf(T * Q);
   const float* C = cos.data_ptr<float>();
   const float* S = sin.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -299,8 +330,6 @@ at::Tensor decode_layers(
     at::Tensor qkv = gemm(norm_in(norms[2 * l]), l, 0);
     const uint16_t* y = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
     const float* bqkv = bias_of(4 * l);
-    float* kc = k_caches[l].data_ptr<float>();
-    float* vc = v_caches[l].data_ptr<float>();
     for (int64_t t = 0; t < T; ++t) {
       float* row = tmp.data();
       for (int64_t i = 0; i < QKV; ++i) row[i] = out_at(y + t * QKV, bqkv, i);
@@ -312,11 +341,11 @@ at::Tensor decode_layers(
       }
       rotate(row, heads + kv_heads, D, C + t * D, S + t * D);  // q and k heads are adjacent
       std::memcpy(qbuf.data() + t * Q, row, Q * sizeof(float));
-      std::memcpy(kc + slot[t] * KV, row + Q, KV * sizeof(float));
-      std::memcpy(vc + slot[t] * KV, row + Q + KV, KV * sizeof(float));
+      std::memcpy(kbuf.data() + t * KV, row + Q, KV * sizeof(float));
+      std::memcpy(vbuf.data() + t * KV, row + Q + KV, KV * sizeof(float));
     }
-    attention(qbuf.data(), kc, vc, block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), T, windows[l], shape,
-              obuf.data());
+    attend(qbuf.data(), kbuf.data(), vbuf.data(), slot, k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(),
+           seq_lens.data_ptr<int32_t>(), T, windows[l], shape, obuf.data());
     to_bf16(obuf.data(), T * Q, reinterpret_cast<uint16_t*>(o_in.data_ptr()));
     at::Tensor o = gemm(o_in, l, 1);
     const uint16_t* oy = reinterpret_cast<const uint16_t*>(o.data_ptr());
@@ -358,9 +387,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
                                   int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous fp32 [T, heads, dim]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous(),
-              "the KV cache must be contiguous fp32 [blocks, block_size, kv_heads, dim]");
+  const auto kv_type = k_cache.scalar_type();
+  TORCH_CHECK(k_cache.dim() == 4 && (kv_type == at::kFloat || kv_type == at::kBFloat16) && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == kv_type && v_cache.is_contiguous(),
+              "the KV cache must be contiguous fp32 or bf16 [blocks, block_size, kv_heads, dim]");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() && seq_lens.scalar_type() == at::kInt &&
                   seq_lens.is_contiguous() && block_tables.size(0) == q.size(0) && seq_lens.size(0) == q.size(0),
               "block_tables [T, W] and seq_lens [T] must be contiguous int32");
@@ -368,8 +398,15 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(k_cache.size(3) == D && heads % kv_heads == 0, "head shapes do not match");
   at::Tensor o = at::empty_like(q);
   const AttnShape shape{heads, kv_heads, D, k_cache.size(1), block_tables.size(1), float(scale)};
-  attention(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
-            seq_lens.data_ptr<int32_t>(), T, window, shape, o.data_ptr<float>());
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  if (kv_type == at::kBFloat16) {
+    attention(q.data_ptr<float>(), static_cast<const uint16_t*>(k_cache.data_ptr()),
+              static_cast<const uint16_t*>(v_cache.data_ptr()), tables, lens, T, window, shape, o.data_ptr<float>());
+  } else {
+    attention(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, lens, T, window, shape,
+              o.data_ptr<float>());
+  }
   return o;
 }
 

@@ -18,13 +18,16 @@ from kernels import paged_attention_ref
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("consecutive", [False, True])
 @pytest.mark.parametrize("lone", [False, True])
-def test_batched_attention_matches_reference(window: int | None, consecutive: bool, lone: bool) -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_batched_attention_matches_reference(window: int | None, consecutive: bool, lone: bool,
+                                             cache_dtype: torch.dtype) -> None:
     """Several decode rows (one masked SDPA), or one (`lone`: sliced to its keys, unmasked),
-    with prefill chunks after them unless lone."""
+    with prefill chunks after them unless lone. fp32 queries over an fp32 or a bf16 cache
+    (engine.kv_cache_dtype): both compute in fp32 over the cache's values, as the reference."""
     g = torch.Generator().manual_seed(0)
     bs, kv_heads, heads, dim, num_blocks = 4, 2, 6, 16, 40
-    k_cache = torch.randn(num_blocks, bs, kv_heads, dim, generator=g)
-    v_cache = torch.randn(num_blocks, bs, kv_heads, dim, generator=g)
+    k_cache = torch.randn(num_blocks, bs, kv_heads, dim, generator=g).to(cache_dtype)
+    v_cache = torch.randn(num_blocks, bs, kv_heads, dim, generator=g).to(cache_dtype)
     # Three decode rows (one new token), then two prefill chunks over cached prefixes.
     seq_lens = [9, 3, 14, 11, 6]
     q_lens = [1, 1, 1, 5, 6]
@@ -50,6 +53,7 @@ def test_batched_attention_matches_reference(window: int | None, consecutive: bo
     assert (op.span is not None) == consecutive
     got = op(q, k_cache, v_cache, block_tables, qsl, lens, scale=0.3, sliding_window=window)
     want = paged_attention_ref(q, k_cache, v_cache, block_tables, qsl, lens, 0.3, window)
+    assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

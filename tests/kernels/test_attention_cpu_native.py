@@ -56,6 +56,19 @@ def test_native_decode_attention_matches_reference(window: int | None, rows: str
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", ["lone", "decodes+prefill"])
+def test_bf16_cache(rows: str) -> None:
+    """A bf16 cache (engine.kv_cache_dtype) is read as fp32: the same result as the
+    reference over the same values widened."""
+    seq_lens, q_lens = ([300], [1]) if rows == "lone" else ([300, 5, 40], [1, 1, 7])
+    op, (q, k, v, bt, qsl, lens) = _case(seq_lens, q_lens)
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    got = op(q, k, v, bt, qsl, lens, scale=0.3, sliding_window=None)
+    want = paged_attention_ref(q, k.float(), v.float(), bt, qsl, lens, 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert op._eager is None  # natively, not the eager fallback
+
+
 def test_one_kv_head_and_wide_groups() -> None:
     op, args = _case([40, 3], [1, 1], kv_heads=1, heads=8, dim=64)
     torch.testing.assert_close(op(*args, scale=None), paged_attention_ref(*args, None), rtol=1e-5, atol=1e-5)
@@ -65,5 +78,5 @@ def test_other_dtypes_take_the_eager_path() -> None:
     op, (q, k, v, bt, qsl, lens) = _case([20, 7], [1, 1])
     want = paged_attention_ref(q.double(), k.double(), v.double(), bt, qsl, lens, 0.3)
     got = op(q.double(), k.double(), v.double(), bt, qsl, lens, scale=0.3)
-    assert got.dtype == torch.float64
+    assert got.dtype == torch.float64 and op._eager is not None
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
