@@ -22,7 +22,8 @@ Measured, alternating the two engines where it matters (a shared machine only sl
                        tokens (EOS ignored, greedy): llama-server -np 64 -c 32768 /completion
                        | ignis server max_num_seqs 64 (--served-weight-form, default quantized
                        as `make serve`), /v1/responses; output tokens / wall
-ignis runs with model.weight_form auto (quantized at max_num_seqs <= 4, bf16 above).
+ignis runs with model.weight_form auto (quantized at max_num_seqs <= 4, mixed above), its
+decode steps native (engine.cpu_native_decode) and its KV cache bf16 (engine.kv_cache_dtype auto).
 """
 
 from __future__ import annotations

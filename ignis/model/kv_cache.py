@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
+import mmap
+
 import torch
 
 from ignis.model.config import ModelConfig
@@ -44,6 +46,19 @@ def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
 
 
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros [shape] of `dtype` in an anonymous private mapping with 4 KiB pages, resident
+    only where written (the tensor keeps the mapping alive)."""
+    count = math.prod(shape)
+    if count == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, count * torch.empty((), dtype=dtype).element_size(),
+                    flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
+
+
 def allocate_kv_caches(
     config: ModelConfig,
     num_blocks: int,
@@ -54,14 +69,15 @@ def allocate_kv_caches(
 ) -> KVCaches:
     """One allocation for the whole cache, handed out as contiguous per-layer (K, V) views.
 
-    On the CPU the zeros come from calloc (through numpy), so the OS hands out zero pages
-    as they are first written: resident memory grows with the blocks in use, not with
-    the cache's size (torch.zeros writes every page up front). numpy has no bf16: its
-    zeros are allocated as uint16 (the same bits) and viewed as bf16."""
+    On the CPU the zeros are an anonymous mapping, so the OS hands out zero pages as they
+    are first written: resident memory grows with the blocks in use, not with the cache's
+    size (torch.zeros writes every page up front). Transparent huge pages are declined for
+    it: each layer's K and V are written from their first block on, and at 2 MiB a page
+    SmolLM2's 60 regions made a short request resident ~120 MiB of cache instead of ~1
+    (numpy's calloc, used before, asks the kernel for huge pages; RESULTS.md session 7)."""
     shape = (config.num_layers, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    np_dtype = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}.get(dtype)
-    if torch.device(device).type == "cpu" and np_dtype is not None:
-        storage = torch.from_numpy(np.zeros(shape, dtype=np_dtype)).view(dtype)
+    if torch.device(device).type == "cpu":
+        storage = _lazy_zeros(shape, dtype)
     else:
         storage = torch.zeros(shape, dtype=dtype, device=device)
     return [(storage[layer, 0], storage[layer, 1]) for layer in range(config.num_layers)]

@@ -1,5 +1,6 @@
-"""engine.kv_cache_dtype: which dtype each model's KV cache gets, its allocation (bf16 from
-calloc'd zeros, resident only as written), its sizing, and an engine serving from it."""
+"""engine.kv_cache_dtype: which dtype each model's KV cache gets, its allocation (zero pages
+of an anonymous mapping, resident only as written, 4 KiB at a time), its sizing, and an
+engine serving from it."""
 
 from __future__ import annotations
 
@@ -76,6 +77,23 @@ def test_bf16_cache_is_lazy_zero_and_writable(tiny: LoadedModel) -> None:
     assert big[0][0].dtype == BF16 and big[0][0].shape[0] == blocks
     big[0][0][0].fill_(1.0)  # one block of one layer
     assert _rss_bytes() - before < (64 << 20)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_a_short_request_makes_little_of_the_cache_resident(tiny: LoadedModel, dtype: torch.dtype) -> None:
+    """Every layer's K and V get their first block written: with 2 MiB (huge) pages that
+    was a 2 MiB page per region (120 MiB for SmolLM2's 60), here a 4 KiB page each."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("no /proc: resident memory unknown")
+    c = tiny.config
+    blocks = (256 << 20) // kv_cache_bytes_per_block(c, 16, dtype)
+    regions = 64
+    before = _rss_bytes()
+    caches = allocate_kv_caches(c, blocks, 16, dtype=dtype)
+    storage = torch.empty(0, dtype=dtype).set_(caches[0][0].untyped_storage())  # the whole allocation
+    step = storage.numel() // regions
+    storage[::step].fill_(1.0)  # one element in each of 64 regions 4 MiB apart
+    assert _rss_bytes() - before < regions * (1 << 20)  # huge pages: >= 128 MiB
 
 
 def test_sizing_counts_two_bytes_an_element(tiny: LoadedModel) -> None:
