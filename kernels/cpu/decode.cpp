@@ -131,102 +131,122 @@ struct AttnShape {
   float scale;
 };
 
+// One work unit of decode attention: keys [lo, hi) of one row (its blocks in `table`), for
+// all its query heads q [heads, D] (head h reads kv head h / G). Writes each head's running
+// max, sum and unnormalised output to out [heads][D + 2]. Keys are walked block by block
+// (one table lookup per block, no division per key), each token's K (then V) row of all
+// kv heads read contiguously and widened to fp32 once into `row`, then serving its G query
+// heads. DC > 0 fixes the head dim at compile time (64 and 128: the inner loops unroll);
+// 0 reads it from `a`.
+template <typename KV, int DC>
+void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* table, int64_t lo, int64_t hi,
+                 const AttnShape& a, float* scores, float* row, float* out) {
+  const int64_t D = DC > 0 ? DC : a.dim, G = a.heads / a.kv_heads, BS = a.block_size, H = a.heads;
+  const int64_t stride = a.kv_heads * D;  // one token's K (or V) row in the cache
+  const int64_t n = hi - lo;
+  // Calls f(j, the j-th key's row [kv_heads, D] in `cache`) for j in [0, n).
+  auto walk = [&](const KV* cache, auto&& f) {
+    for (int64_t pos = lo, j = 0; pos < hi;) {
+      const int64_t off = pos % BS, take = std::min(BS - off, hi - pos);
+      const KV* r = cache + (int64_t(table[pos / BS]) * BS + off) * stride;
+      for (int64_t i = 0; i < take; ++i, ++j, r += stride) f(j, r);
+      pos += take;
+    }
+  };
+  for (int64_t h = 0; h < H; ++h) out[h * (D + 2)] = -std::numeric_limits<float>::infinity();
+  walk(kc, [&](int64_t j, const KV* kr) {
+#pragma omp simd
+    for (int64_t d = 0; d < stride; ++d) row[d] = kv_load(kr[d]);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qh = q + h * D;
+      const float* kh = row + (h / G) * D;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < D; ++d) s += qh[d] * kh[d];
+      s *= a.scale;
+      scores[h * kKeysPerUnit + j] = s;
+      out[h * (D + 2)] = std::max(out[h * (D + 2)], s);
+    }
+  });
+  for (int64_t h = 0; h < H; ++h) {
+    float* sh = scores + h * kKeysPerUnit;
+    const float m = out[h * (D + 2)];
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      sh[j] = exp_approx(sh[j] - m);
+      sum += sh[j];
+    }
+    out[h * (D + 2) + 1] = sum;
+    std::fill(out + h * (D + 2) + 2, out + (h + 1) * (D + 2), 0.0f);
+  }
+  walk(vc, [&](int64_t j, const KV* vr) {
+#pragma omp simd
+    for (int64_t d = 0; d < stride; ++d) row[d] = kv_load(vr[d]);
+    for (int64_t h = 0; h < H; ++h) {
+      const float p = scores[h * kKeysPerUnit + j];
+      const float* vh = row + (h / G) * D;
+      float* acc = out + h * (D + 2) + 2;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] += p * vh[d];
+    }
+  });
+}
+
 // Paged decode attention for T rows (one query token each): o [T, heads, dim] from q of
 // the same shape, over the first seq_lens[t] keys of row t (the last `window` of them
-// when window > 0). The keys split into units of kKeysPerUnit per (row, kv head); each
-// unit keeps its running max, sum and unnormalised output for the kv head's query group,
-// and the units of a (row, kv head) are merged afterwards (flash-decoding's split-K).
-// KV is the cache's element type (float or bf16 bits), widened to fp32 as it is read.
+// when window > 0). Each row's keys split into units of kKeysPerUnit, spread over torch's
+// threads (attend_unit); a row's units are merged afterwards (flash-decoding's split-K).
+// KV is the cache's element type (float or bf16 bits).
 template <typename KV>
 void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables, const int32_t* seq_lens,
                int64_t T, int64_t window, const AttnShape& a, float* o) {
-  const int64_t G = a.heads / a.kv_heads, D = a.dim, BS = a.block_size;
-  struct Unit { int64_t t, g, lo, hi; };
+  const int64_t D = a.dim, H = a.heads;
+  struct Unit { int64_t t, lo, hi; };
   std::vector<Unit> units;
-  std::vector<int64_t> first_unit(T * a.kv_heads + 1, 0);
+  std::vector<int64_t> first_unit(T + 1, 0);
+  int64_t keys = 0;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t n = seq_lens[t];
     const int64_t lo = window > 0 ? std::max<int64_t>(0, n - window) : 0;
-    for (int64_t g = 0; g < a.kv_heads; ++g) {
-      for (int64_t k = lo; k < n; k += kKeysPerUnit) units.push_back({t, g, k, std::min(n, k + kKeysPerUnit)});
-      first_unit[t * a.kv_heads + g + 1] = int64_t(units.size());
-    }
+    for (int64_t k = lo; k < n; k += kKeysPerUnit) units.push_back({t, k, std::min(n, k + kKeysPerUnit)});
+    first_unit[t + 1] = int64_t(units.size());
+    keys += n - lo;
   }
   const int64_t U = int64_t(units.size());
-  int64_t keys = 0;
-  for (const Unit& w : units) keys += w.hi - w.lo;
-  const int64_t stride = G * (D + 2);  // per unit and query head: max, sum, then dim outputs
+  const int64_t stride = H * (D + 2);  // per unit and query head: max, sum, then dim outputs
   std::vector<float> part(U * stride);
+  const auto unit = D == 64 ? attend_unit<KV, 64> : D == 128 ? attend_unit<KV, 128> : attend_unit<KV, 0>;
 
   // A short context is a few microseconds of work: not worth waking the other threads.
-  at::parallel_for(0, U, keys * G < 4096 ? U : 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(kKeysPerUnit * G);
+  at::parallel_for(0, U, keys * H < 4096 ? U : 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(kKeysPerUnit * H), row(a.kv_heads * D);
     for (int64_t u = begin; u < end; ++u) {
       const Unit& w = units[u];
-      const int32_t* table = tables + w.t * a.blocks_per_row;
-      const float* qg = q + (w.t * a.heads + w.g * G) * D;
-      const int64_t n = w.hi - w.lo;
-      float* out = part.data() + u * stride;
-      for (int64_t h = 0; h < G; ++h) out[h * (D + 2)] = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t pos = w.lo + j;
-        const KV* kr = kc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
-        for (int64_t h = 0; h < G; ++h) {
-          const float* qh = qg + h * D;
-          float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += qh[d] * kv_load(kr[d]);
-          s *= a.scale;
-          scores[h * kKeysPerUnit + j] = s;
-          out[h * (D + 2)] = std::max(out[h * (D + 2)], s);
-        }
-      }
-      for (int64_t h = 0; h < G; ++h) {
-        float* sh = scores.data() + h * kKeysPerUnit;
-        const float m = out[h * (D + 2)];
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) {
-          sh[j] = exp_approx(sh[j] - m);
-          sum += sh[j];
-        }
-        out[h * (D + 2) + 1] = sum;
-        std::fill(out + h * (D + 2) + 2, out + (h + 1) * (D + 2), 0.0f);
-      }
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t pos = w.lo + j;
-        const KV* vr = vc + ((int64_t(table[pos / BS]) * BS + pos % BS) * a.kv_heads + w.g) * D;
-        for (int64_t h = 0; h < G; ++h) {
-          const float p = scores[h * kKeysPerUnit + j];
-          float* acc = out + h * (D + 2) + 2;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * kv_load(vr[d]);
-        }
-      }
+      unit(q + w.t * H * D, kc, vc, tables + w.t * a.blocks_per_row, w.lo, w.hi, a, scores.data(), row.data(),
+           part.data() + u * stride);
     }
   });
 
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t g = 0; g < a.kv_heads; ++g) {
-      const int64_t u0 = first_unit[t * a.kv_heads + g], u1 = first_unit[t * a.kv_heads + g + 1];
-      for (int64_t h = 0; h < G; ++h) {
-        float* oh = o + (t * a.heads + g * G + h) * D;
-        std::fill(oh, oh + D, 0.0f);
-        if (u0 == u1) continue;  // no keys (cannot happen: the row's own key is written)
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * (D + 2)]);
-        float total = 0.0f;
-        for (int64_t u = u0; u < u1; ++u) {
-          const float* p = part.data() + u * stride + h * (D + 2);
-          const float c = exp_approx(p[0] - m);
-          total += p[1] * c;
+    const int64_t u0 = first_unit[t], u1 = first_unit[t + 1];
+    for (int64_t h = 0; h < H; ++h) {
+      float* oh = o + (t * H + h) * D;
+      std::fill(oh, oh + D, 0.0f);
+      if (u0 == u1) continue;  // no keys (cannot happen: the row's own key is written)
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * (D + 2)]);
+      float total = 0.0f;
+      for (int64_t u = u0; u < u1; ++u) {
+        const float* p = part.data() + u * stride + h * (D + 2);
+        const float c = exp_approx(p[0] - m);
+        total += p[1] * c;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) oh[d] += p[2 + d] * c;
-        }
-        const float inv = 1.0f / total;
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
+        for (int64_t d = 0; d < D; ++d) oh[d] += p[2 + d] * c;
       }
+      const float inv = 1.0f / total;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
     }
   }
 }
