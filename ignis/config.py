@@ -126,8 +126,8 @@ class EngineConfig:
     cpu_pack_weights: bool = True
     # CPU, int4/int8 weight forms (model.weight_form quantized or mixed): decode steps run
     # every layer in one native call (kernels/cpu/decode.cpp, compiled once per machine
-    # with the system's g++; ignis/model/native_decode.py). false, or no compiler = the
-    # eager PyTorch forward.
+    # with the system's g++; ignis/model/native_decode.py); the other forms' decode rows
+    # use its paged attention. false, or no compiler = the eager PyTorch forward.
     cpu_native_decode: bool = True
     # The KV cache's element type (ignis/model/kv_cache.py). CPU: auto = bfloat16 for the
     # packed weight forms (quantized, mixed, bfloat16: half the cache's memory; attention

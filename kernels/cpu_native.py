@@ -48,7 +48,9 @@ def _cpu_id() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor() or platform.machine()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    # x86: "model name", "flags"; aarch64: "CPU implementer", "CPU part", "Features".
+    keys = ("model name", "flags", "CPU implementer", "CPU part", "Features")
+    lines = [ln for ln in text.splitlines() if ln.startswith(keys)]
     return "\n".join(sorted(set(lines)))
 
 

@@ -52,7 +52,8 @@ class NativeDecoder:
         # The mixed form's bf16 GEMMs (oneDNN-packed weights) for steps of more rows.
         assert all(isinstance(w, Bf16Linear) for w in wide)
         self.wide = [w.packed for w in wide]
-        self.int4 = isinstance(gemms[0], Int4Linear)
+        # Per projection: int4 (1) or int8 (0); Q4_K_M files, say, keep some at Q6_K (int8).
+        self.int4 = [int(isinstance(g, Int4Linear)) for g in gemms]
         self.weights: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
         for g in gemms:
@@ -78,7 +79,7 @@ class NativeDecoder:
     @classmethod
     def build(cls, model: torch.nn.Module) -> NativeDecoder | None:
         """The native decoder of `model`, or None where it does not apply: not a packed CPU
-        Transformer whose projections all have one int4 (or all one int8) GEMM (beside a
+        Transformer whose projections each have one int4 or int8 GEMM (beside a
         bf16 one in every projection, or in none), unusual norms, or no native op on this
         machine (kernels.cpu_native.load)."""
         if not isinstance(model, Transformer) or model.device.type != "cpu":
@@ -99,7 +100,7 @@ class NativeDecoder:
             norms = [layer.input_layernorm, layer.post_attention_layernorm]
             if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
                 return None
-        if len({type(g) for g in gemms}) != 1 or len(wide) not in (0, len(gemms)):
+        if len(wide) not in (0, len(gemms)):
             return None
         if not cpu_native.load():
             return None

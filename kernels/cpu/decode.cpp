@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -102,19 +103,22 @@ at::Tensor onednn_linear(const at::Tensor& xb, const at::Tensor& packed) {
 // weight; the mixed form's GEMM for steps of more than narrow_rows rows).
 struct Gemms {
   at::TensorList narrow, wide;
-  bool int4, use_wide;
+  at::IntArrayRef int4;  // per projection: 1 = int4, 0 = int8 (a file mixes them, e.g. Q4_K_M's Q6_K)
+  bool use_wide;
   int64_t group;
 
-  at::Tensor operator()(const at::Tensor& xb, int64_t layer, int64_t proj) const {
+  // Projection `proj` (0 qkv, 1 o, 2 gate_up, 3 down) of `layer`, whose output has n columns.
+  at::Tensor operator()(const at::Tensor& xb, int64_t layer, int64_t proj, int64_t n) const {
     at::Tensor y;
     if (use_wide) {
       y = onednn_linear(xb, wide[4 * layer + proj]);
     } else {
       const at::Tensor& w = narrow[8 * layer + 2 * proj];
       const at::Tensor& s = narrow[8 * layer + 2 * proj + 1];
-      y = int4 ? at::_weight_int4pack_mm_for_cpu(xb, w, group, s) : at::_weight_int8pack_mm(xb, w, s);
+      y = int4[4 * layer + proj] ? at::_weight_int4pack_mm_for_cpu(xb, w, group, s) : at::_weight_int8pack_mm(xb, w, s);
     }
-    TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kBFloat16, "decode_layers: unexpected GEMM output");
+    TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kBFloat16 && y.size(0) == xb.size(0) && y.size(1) == n,
+                "decode_layers: a GEMM's output is not [T, ", n, "]");
     return y;
   }
 };
@@ -130,6 +134,28 @@ struct AttnShape {
   int64_t heads, kv_heads, dim, block_size, blocks_per_row;
   float scale;
 };
+
+// The step's indices are pointer offsets here (eager torch would raise on a bad one):
+// every row's context must fit its block table, its blocks lie in the cache, and each
+// new K/V slot (when given) lies in the cache.
+void check_indices(const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor* slots,
+                   int64_t num_blocks, int64_t block_size, int64_t T) {
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == T && seq_lens.numel() == T &&
+                  (slots == nullptr || slots->numel() == T),
+              "block_tables [T, W], seq_lens [T] and slots [T] must have one row per token");
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int64_t W = block_tables.size(1);
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(lens[t] >= 1 && lens[t] <= W * block_size, "seq_lens[", t, "] = ", lens[t], " outside its block table");
+    for (int64_t b = 0; b < (lens[t] + block_size - 1) / block_size; ++b)
+      TORCH_CHECK(tables[t * W + b] >= 0 && tables[t * W + b] < num_blocks, "block_tables[", t, ", ", b, "] = ",
+                  tables[t * W + b], " is not a block of the cache");
+    if (slots != nullptr)
+      TORCH_CHECK(slots->data_ptr<int64_t>()[t] >= 0 && slots->data_ptr<int64_t>()[t] < num_blocks * block_size,
+                  "slots[", t, "] is not a slot of the cache");
+  }
+}
 
 // One work unit of decode attention: keys [lo, hi) of one row (its blocks in `table`), for
 // all its query heads q [heads, D] (head h reads kv head h / G). Writes each head's running
@@ -215,7 +241,8 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
   }
   const int64_t U = int64_t(units.size());
   const int64_t stride = H * (D + 2);  // per unit and query head: max, sum, then dim outputs
-  std::vector<float> part(U * stride);
+  // Every unit writes its whole part (max, sum, zeroed outputs) before the merge reads it.
+  std::unique_ptr<float[]> part(new float[U * stride]);
   const auto unit = D == 64 ? attend_unit<KV, 64> : D == 128 ? attend_unit<KV, 128> : attend_unit<KV, 0>;
 
   // A short context is a few microseconds of work: not worth waking the other threads.
@@ -224,7 +251,7 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
     for (int64_t u = begin; u < end; ++u) {
       const Unit& w = units[u];
       unit(q + w.t * H * D, kc, vc, tables + w.t * a.blocks_per_row, w.lo, w.hi, a, scores.data(), row.data(),
-           part.data() + u * stride);
+           part.get() + u * stride);
     }
   });
 
@@ -238,7 +265,7 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
       for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * (D + 2)]);
       float total = 0.0f;
       for (int64_t u = u0; u < u1; ++u) {
-        const float* p = part.data() + u * stride + h * (D + 2);
+        const float* p = part.get() + u * stride + h * (D + 2);
         const float c = exp_approx(p[0] - m);
         total += p[1] * c;
 #pragma omp simd
@@ -298,13 +325,13 @@ at::Tensor decode_layers(
     const c10::List<c10::optional<at::Tensor>>& qk_norms,   // per layer q_norm, k_norm (Qwen3), or empty
     at::IntArrayRef windows,          // per layer sliding window, 0 = none
     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
-    double eps, double scale, bool int4, int64_t group, int64_t narrow_rows) {
+    double eps, double scale, at::IntArrayRef int4, int64_t group, int64_t narrow_rows) {
   const int64_t L = int64_t(k_caches.size());
   const int64_t T = x_in.size(0), H = x_in.size(1), D = head_dim, I = intermediate;
   const int64_t Q = heads * D, KV = kv_heads * D, QKV = Q + 2 * KV;
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.is_contiguous(), "decode_layers: x must be contiguous fp32");
   TORCH_CHECK(int64_t(v_caches.size()) == L && int64_t(norms.size()) == 2 * L + 1 && int64_t(weights.size()) == 8 * L &&
-                  int64_t(biases.size()) == 4 * L && int64_t(windows.size()) == L &&
+                  int64_t(biases.size()) == 4 * L && int64_t(windows.size()) == L && int64_t(int4.size()) == 4 * L &&
                   (wide.size() == 0 || int64_t(wide.size()) == 4 * L) &&
                   (qk_norms.size() == 0 || int64_t(qk_norms.size()) == 2 * L),
               "decode_layers: per-layer lists of the wrong length");
@@ -318,6 +345,14 @@ at::Tensor decode_layers(
                     v_caches[l].scalar_type() == kv_type,
                 "decode_layers: the KV caches must be contiguous and of one dtype");
   const auto attend = kv_type == at::kBFloat16 ? write_and_attend<uint16_t> : write_and_attend<float>;
+  TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D && slots.scalar_type() == at::kLong &&
+                  block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
+                  k_caches[0].dim() == 4 && k_caches[0].size(2) == kv_heads && k_caches[0].size(3) == D,
+              "decode_layers: step tensors or cache shaped unlike the model");
+  for (int64_t l = 0; l < L; ++l)
+    TORCH_CHECK(k_caches[l].sizes() == k_caches[0].sizes() && v_caches[l].sizes() == k_caches[0].sizes(),
+                "decode_layers: the layers' caches differ in shape");
+  check_indices(block_tables, seq_lens, &slots, k_caches[0].size(0), k_caches[0].size(1), T);
 
   at::Tensor x = x_in.clone();
   float* xp = x.data_ptr<float>();
@@ -347,7 +382,7 @@ at::Tensor decode_layers(
 
   for (int64_t l = 0; l < L; ++l) {
     // Attention block: qkv, rotary, the KV write, attention, o_proj.
-    at::Tensor qkv = gemm(norm_in(norms[2 * l]), l, 0);
+    at::Tensor qkv = gemm(norm_in(norms[2 * l]), l, 0, QKV);
     const uint16_t* y = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
     const float* bqkv = bias_of(4 * l);
     for (int64_t t = 0; t < T; ++t) {
@@ -367,14 +402,14 @@ at::Tensor decode_layers(
     attend(qbuf.data(), kbuf.data(), vbuf.data(), slot, k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(),
            seq_lens.data_ptr<int32_t>(), T, windows[l], shape, obuf.data());
     to_bf16(obuf.data(), T * Q, reinterpret_cast<uint16_t*>(o_in.data_ptr()));
-    at::Tensor o = gemm(o_in, l, 1);
+    at::Tensor o = gemm(o_in, l, 1, H);
     const uint16_t* oy = reinterpret_cast<const uint16_t*>(o.data_ptr());
     const float* bo = bias_of(4 * l + 1);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(oy + t * H, bo, i);
 
     // MLP block: gate|up, SiLU(gate) * up, down.
-    at::Tensor gu = gemm(norm_in(norms[2 * l + 1]), l, 2);
+    at::Tensor gu = gemm(norm_in(norms[2 * l + 1]), l, 2, 2 * I);
     const uint16_t* gy = reinterpret_cast<const uint16_t*>(gu.data_ptr());
     const float* bgu = bias_of(4 * l + 2);
     uint16_t* ap = reinterpret_cast<uint16_t*>(a_in.data_ptr());
@@ -389,7 +424,7 @@ at::Tensor decode_layers(
       }
       to_bf16(act, I, ap + t * I);
     }
-    at::Tensor d = gemm(a_in, l, 3);
+    at::Tensor d = gemm(a_in, l, 3, H);
     const uint16_t* dy = reinterpret_cast<const uint16_t*>(d.data_ptr());
     const float* bd = bias_of(4 * l + 3);
     for (int64_t t = 0; t < T; ++t)
@@ -416,6 +451,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "block_tables [T, W] and seq_lens [T] must be contiguous int32");
   const int64_t T = q.size(0), heads = q.size(1), kv_heads = k_cache.size(2), D = q.size(2);
   TORCH_CHECK(k_cache.size(3) == D && heads % kv_heads == 0, "head shapes do not match");
+  check_indices(block_tables, seq_lens, nullptr, k_cache.size(0), k_cache.size(1), T);
   at::Tensor o = at::empty_like(q);
   const AttnShape shape{heads, kv_heads, D, k_cache.size(1), block_tables.size(1), float(scale)};
   const int32_t* tables = block_tables.data_ptr<int32_t>();
@@ -443,7 +479,7 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor seq_lens, "
       "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor[] wide, Tensor?[] biases, "
       "Tensor?[] qk_norms, int[] windows, int heads, int kv_heads, int head_dim, int intermediate, "
-      "float eps, float scale, bool int4, int group, int narrow_rows) -> Tensor",
+      "float eps, float scale, int[] int4, int group, int narrow_rows) -> Tensor",
       TORCH_FN(decode_layers));
 }
 

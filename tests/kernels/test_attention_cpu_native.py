@@ -69,6 +69,29 @@ def test_bf16_cache(rows: str) -> None:
     assert op._eager is None  # natively, not the eager fallback
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+def test_unrolled_head_dims(dim: int) -> None:
+    """The head dims the kernel compiles unrolled, over a bf16 cache, a window, and rows
+    longer and shorter than a 256-key unit."""
+    op, (q, k, v, bt, qsl, lens) = _case([300, 20, 257], [1, 1, 1], dim=dim, heads=4, kv_heads=2)
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    for window in (None, 100):
+        got = op(q, k, v, bt, qsl, lens, scale=0.1, sliding_window=window)
+        want = paged_attention_ref(q, k.float(), v.float(), bt, qsl, lens, 0.1, window)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_indices_outside_the_cache_are_refused() -> None:
+    """Block ids and lengths are pointer offsets in C++: checked, an error instead of a stray read."""
+    op, (q, k, v, bt, qsl, lens) = _case([20, 7], [1, 1])
+    bad = bt.clone()
+    bad[0, 0] = k.shape[0]  # one past the last block
+    with pytest.raises(RuntimeError, match="not a block of the cache"):
+        torch.ops.ignis_cpu.paged_decode_attention(q, k, v, bad, lens, 0.3, 0)
+    with pytest.raises(RuntimeError, match="outside its block table"):
+        torch.ops.ignis_cpu.paged_decode_attention(q, k, v, bt, lens + 1000, 0.3, 0)
+
+
 def test_one_kv_head_and_wide_groups() -> None:
     op, args = _case([40, 3], [1, 1], kv_heads=1, heads=8, dim=64)
     torch.testing.assert_close(op(*args, scale=None), paged_attention_ref(*args, None), rtol=1e-5, atol=1e-5)

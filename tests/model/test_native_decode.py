@@ -36,6 +36,7 @@ from ignis.model.lm_head import NARROW_ROWS
 from ignis.model.loader import load_model
 from ignis.model.native_decode import NativeDecoder
 from kernels import cpu_native
+from kernels.attention_cpu_native import NativeCpuAttention
 from tests.model.paged_utils import block_tables_for, rel_err
 from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
 
@@ -116,6 +117,14 @@ def _decode_both(model, native: NativeDecoder, prompts: list[list[int]], steps: 
         # per-head q/k RMSNorm
         ("qwen3", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
          {"embd": Q.Q8_0, "attn": Q.Q4_0, "ffn": Q.Q4_1}, "quantized"),
+        # head dims the attention unrolls (64, 128), wider than hidden / heads (heads x dim != hidden)
+        ("qwen3", dict(num_heads=2, num_kv_heads=1, head_dim=64, max_position_embeddings=1024),
+         {"embd": Q.Q8_0, "attn": Q.Q4_0, "ffn": Q.Q4_0}, "mixed"),
+        ("qwen2", dict(num_heads=2, num_kv_heads=1, head_dim=128, max_position_embeddings=1024),
+         {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_1}, "quantized"),
+        # int4 and int8 GEMMs in one model (as Q4_K_M files keep some tensors at Q6_K)
+        ("llama", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
+         {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q8_0}, "quantized"),
     ],
 )
 @KV_DTYPES
@@ -124,7 +133,8 @@ def test_native_decode_matches_eager(tmp_path: Path, family: str, kwargs: dict, 
     model = load_model(_gguf(tmp_path, family, qtypes, **kwargs), progress=False, weight_form=form).model
     native = NativeDecoder.build(model)
     assert native is not None
-    assert native.int4 == (qtypes["attn"] != Q.Q8_0)
+    kinds = [int(qtypes[part] != Q.Q8_0) for part in ("attn", "attn", "ffn", "ffn")]  # qkv, o, gate_up, down
+    assert native.int4 == kinds * len(model.layers)
     # Rows of different lengths: a short one, one that crosses the 256-key work units
     # (split over threads and merged), and a one-token prompt.
     prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(600)], [5]]
@@ -200,7 +210,6 @@ def test_every_projection_bias(tmp_path: Path, form: str) -> None:
 
 def test_which_models_and_steps_it_serves(tmp_path: Path) -> None:
     path = _gguf(tmp_path, "llama", {"attn": Q.Q4_1, "ffn": Q.Q8_0})  # int4 attention, int8 MLP
-    assert NativeDecoder.build(load_model(path, progress=False, weight_form="quantized").model) is None
     assert NativeDecoder.build(load_model(path, progress=False, weight_form="bfloat16").model) is None
     assert NativeDecoder.build(load_model(path, progress=False, weight_form="float32").model) is None
     path = _gguf(tmp_path / "b", "llama", {"attn": Q.Q4_1, "ffn": Q.Q4_1})
@@ -231,8 +240,10 @@ def test_engine_decodes_natively_and_can_be_turned_off(tmp_path: Path, monkeypat
     calls.clear()
     off = LLMEngine(loaded, EngineConfig(max_num_seqs=2, num_kv_blocks=32, cpu_native_decode=False))
     assert off.runner.native is None
-    off.generate(prompts, params)
+    eager = off.generate(prompts, params)
     assert not calls
+    # Deterministic on both sides, and within float rounding: the same greedy tokens.
+    assert [o.token_ids for o in out] == [o.token_ids for o in eager]
 
 
 def test_no_compiler_means_the_eager_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -247,3 +258,10 @@ def test_no_compiler_means_the_eager_path(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("IGNIS_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cpu_native, "_compiler", lambda: "/bin/false")  # a build that fails
     assert cpu_native.load() is False
+    # and an engine over a model the native step would serve runs the eager forward
+    loaded = load_model(_gguf(tmp_path, "llama", {"attn": Q.Q4_1, "ffn": Q.Q4_1}), progress=False,
+                        weight_form="quantized")
+    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=2, num_kv_blocks=32))
+    assert engine.runner.native is None and engine.runner.cpu_attention is not NativeCpuAttention
+    out = engine.generate([list(range(3, 20))], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
