@@ -10,10 +10,11 @@ resident only as its blocks fill), a prompt of --tokens tokens (experiments/
 perplexity_text.txt repeated) prefilled, then --decode tokens decoded greedily. Reported:
 VmRSS after `import torch`, after the load and engine start, after the prefill (its first
 token sampled) and after the decode, the peak (VmHWM), and the transparent huge pages
-resident (AnonHugePages): numpy madvises large allocations (the KV cache's calloc'd zeros
-among them) for huge pages, so a cache region becomes resident 2 MiB at a time where the
-kernel has huge pages to give (/sys/kernel/mm/transparent_hugepage/enabled = madvise or
-always). --no-thp turns them off for the measured process (prctl PR_SET_THP_DISABLE).
+resident (AnonHugePages). The KV cache declines huge pages since session 7 (it was numpy's
+calloc, which madvises large allocations for them, so a cache region became resident
+2 MiB at a time); --no-thp turns them off for the whole measured process (prctl
+PR_SET_THP_DISABLE). The engine trims the C heap when it falls idle (ignis/engine/heap.py),
+so "after the decode" is after that trim.
 """
 
 from __future__ import annotations

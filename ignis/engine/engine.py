@@ -28,6 +28,7 @@ import kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.grammar import GrammarState, ll_tokenizer
+from ignis.engine.heap import HeapTrimmer
 from ignis.engine.model_runner import FatalRunnerError, ModelRunner, StepResult
 from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
 from ignis.engine.sampler import TopLogprobs
@@ -175,6 +176,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(loaded.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
         self.seqs: dict[str, Sequence] = {}
+        self.heap = HeapTrimmer()
         self._num_deadlines = 0
         self._done: list[RequestOutput] = []  # finished outside a step (abort), reported by the next one
         self.num_steps = 0
@@ -311,6 +313,9 @@ class LLMEngine:
             result = self._execute_alone(batch, exc)
         self.num_steps += 1
         self._postprocess(batch, result, outputs)
+        self.heap.computed(sum(batch.num_new_tokens))
+        if not self.seqs:
+            self.heap.idle()  # a long prompt's activations back to the OS, not kept by malloc
         return outputs
 
     def _execute_alone(self, batch: ScheduledBatch, exc: Exception) -> StepResult:
