@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention_cpu_prefill import CpuAttention, prefill_attention_cpu
+from kernels.attention_cpu_prefill import CpuAttention, prefill_rows
 
 
 class NativeCpuAttention:
@@ -26,7 +26,8 @@ class NativeCpuAttention:
         self.block_tables, self.query_start_loc, self.seq_lens = block_tables, query_start_loc, seq_lens
         self.num_decodes = num_decodes
         # The eager path (its gather index and masks), built only if a call needs it.
-        self._eager_args = (block_tables, query_start_loc, seq_lens, num_decodes, decode_max_seq_len, block_size)
+        self._eager_sizes = {"num_decodes": num_decodes, "decode_max_seq_len": decode_max_seq_len,
+                             "block_size": block_size}
         self._eager: CpuAttention | None = None
 
     def __call__(
@@ -46,8 +47,7 @@ class NativeCpuAttention:
         d = self.num_decodes
         if not d or q.dtype != torch.float32 or k_cache.dtype not in (torch.float32, torch.bfloat16):
             if self._eager is None:
-                bt, qsl, sl, nd, ml, bs = self._eager_args
-                self._eager = CpuAttention(bt, qsl, sl, num_decodes=nd, decode_max_seq_len=ml, block_size=bs)
+                self._eager = CpuAttention(self.block_tables, self.query_start_loc, self.seq_lens, **self._eager_sizes)
             return self._eager(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                                sliding_window, out)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -61,8 +61,6 @@ class NativeCpuAttention:
             out = torch.empty_like(q)
         out[:d] = o
         if q.shape[0] > d:
-            prefill_attention_cpu(
-                q[d:], k_cache, v_cache, self.block_tables[d:], self.query_start_loc[d:] - d, self.seq_lens[d:],
-                scale, sliding_window, out[d:],
-            )
+            prefill_rows(q, k_cache, v_cache, self.block_tables, self.query_start_loc, self.seq_lens, d, scale,
+                         sliding_window, out)
         return out

@@ -84,6 +84,18 @@ def prefill_attention_cpu(
     return out
 
 
+def prefill_rows(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_decodes: int, scale: float | None,
+    sliding_window: int | None, out: torch.Tensor,
+) -> None:
+    """A step's rows after its num_decodes decode rows (its prefill chunks) into
+    out[num_decodes:], through prefill_attention_cpu; the step's own metadata."""
+    d = num_decodes
+    prefill_attention_cpu(q[d:], k_cache, v_cache, block_tables[d:], query_start_loc[d:] - d, seq_lens[d:], scale,
+                          sliding_window, out[d:])
+
+
 class CpuAttention(BatchedCpuAttention):
     """BatchedCpuAttention (decode rows in one SDPA per layer) with its prefill rows through
     prefill_attention_cpu instead of the reference. Same constructor and call."""
@@ -111,8 +123,6 @@ class CpuAttention(BatchedCpuAttention):
             super().__call__(q[:d], k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
                              sliding_window, out[:d])
         if q.shape[0] > d:
-            prefill_attention_cpu(
-                q[d:], k_cache, v_cache, self.block_tables[d:], self.query_start_loc[d:] - d, self.seq_lens[d:],
-                scale, sliding_window, out[d:],
-            )
+            prefill_rows(q, k_cache, v_cache, self.block_tables, self.query_start_loc, self.seq_lens, d, scale,
+                         sliding_window, out)
         return out

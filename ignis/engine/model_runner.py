@@ -143,10 +143,9 @@ class ModelRunner:
         self.use_cpu_attention = self.device.type == "cpu" and kernels.get_backend() != "triton"
         # Decode steps of int4/int8 CPU models: every layer in one native call; decode rows
         # of the steps left eager (other forms, wider batches): the native attention.
-        self.native = NativeDecoder.build(model) if native_decode and self.use_cpu_attention else None
-        self.cpu_attention = CpuAttention
-        if native_decode and self.use_cpu_attention and cpu_native.load():
-            self.cpu_attention = NativeCpuAttention
+        native = native_decode and self.use_cpu_attention and cpu_native.load()
+        self.native = NativeDecoder.build(model) if native else None
+        self.cpu_attention = NativeCpuAttention if native else CpuAttention
         if self.native is not None:
             log.info("decode steps run natively (kernels/cpu/decode.cpp)")
         self.sampler = Sampler()

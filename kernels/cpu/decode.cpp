@@ -278,21 +278,29 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
   }
 }
 
-// One layer's KV write and attention: the T rows' new K and V (k, v [T, KV] fp32) go to
-// their slots of the caches (whose elements are KV: float, or bf16 bits), then o = the
-// rows' attention over the caches.
+// The rows' new K and V (k, v [T, kv_heads * dim] fp32) into their slots of a layer's
+// caches, rounded as the cache holds them.
 template <typename KV>
-void write_and_attend(const float* q, const float* k, const float* v, const int64_t* slots, const at::Tensor& k_cache,
-                      const at::Tensor& v_cache, const int32_t* tables, const int32_t* seq_lens, int64_t T,
-                      int64_t window, const AttnShape& a, float* o) {
+void write_kv(const float* k, const float* v, const int64_t* slots, const at::Tensor& k_cache,
+              const at::Tensor& v_cache, int64_t T, int64_t n) {
   KV* kc = reinterpret_cast<KV*>(k_cache.data_ptr());
   KV* vc = reinterpret_cast<KV*>(v_cache.data_ptr());
-  const int64_t n = a.kv_heads * a.dim;
   for (int64_t t = 0; t < T; ++t) {
     kv_store(k + t * n, n, kc + slots[t] * n);
     kv_store(v + t * n, n, vc + slots[t] * n);
   }
-  attention(q, kc, vc, tables, seq_lens, T, window, a, o);
+}
+
+// attention() over a layer's caches, for the element type they hold (fp32 or bf16).
+void attend_cache(const float* q, const at::Tensor& k_cache, const at::Tensor& v_cache, const int32_t* tables,
+                  const int32_t* seq_lens, int64_t T, int64_t window, const AttnShape& a, float* o) {
+  if (k_cache.scalar_type() == at::kBFloat16) {
+    attention(q, static_cast<const uint16_t*>(k_cache.data_ptr()), static_cast<const uint16_t*>(v_cache.data_ptr()),
+              tables, seq_lens, T, window, a, o);
+  } else {
+    attention(q, static_cast<const float*>(k_cache.data_ptr()), static_cast<const float*>(v_cache.data_ptr()), tables,
+              seq_lens, T, window, a, o);
+  }
 }
 
 // Rotate each head of x [heads, D] in place: x*C + roll(x, D/2)*S with C = cat(cos, cos)
@@ -344,7 +352,7 @@ at::Tensor decode_layers(
     TORCH_CHECK(k_caches[l].is_contiguous() && v_caches[l].is_contiguous() && k_caches[l].scalar_type() == kv_type &&
                     v_caches[l].scalar_type() == kv_type,
                 "decode_layers: the KV caches must be contiguous and of one dtype");
-  const auto attend = kv_type == at::kBFloat16 ? write_and_attend<uint16_t> : write_and_attend<float>;
+  const auto write = kv_type == at::kBFloat16 ? write_kv<uint16_t> : write_kv<float>;
   TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D && slots.scalar_type() == at::kLong &&
                   block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
                   k_caches[0].dim() == 4 && k_caches[0].size(2) == kv_heads && k_caches[0].size(3) == D,
@@ -399,8 +407,9 @@ at::Tensor decode_layers(
       std::memcpy(kbuf.data() + t * KV, row + Q, KV * sizeof(float));
       std::memcpy(vbuf.data() + t * KV, row + Q + KV, KV * sizeof(float));
     }
-    attend(qbuf.data(), kbuf.data(), vbuf.data(), slot, k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(),
-           seq_lens.data_ptr<int32_t>(), T, windows[l], shape, obuf.data());
+    write(kbuf.data(), vbuf.data(), slot, k_caches[l], v_caches[l], T, KV);
+    attend_cache(qbuf.data(), k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
+                 T, windows[l], shape, obuf.data());
     to_bf16(obuf.data(), T * Q, reinterpret_cast<uint16_t*>(o_in.data_ptr()));
     at::Tensor o = gemm(o_in, l, 1, H);
     const uint16_t* oy = reinterpret_cast<const uint16_t*>(o.data_ptr());
@@ -454,15 +463,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   check_indices(block_tables, seq_lens, nullptr, k_cache.size(0), k_cache.size(1), T);
   at::Tensor o = at::empty_like(q);
   const AttnShape shape{heads, kv_heads, D, k_cache.size(1), block_tables.size(1), float(scale)};
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  if (kv_type == at::kBFloat16) {
-    attention(q.data_ptr<float>(), static_cast<const uint16_t*>(k_cache.data_ptr()),
-              static_cast<const uint16_t*>(v_cache.data_ptr()), tables, lens, T, window, shape, o.data_ptr<float>());
-  } else {
-    attention(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, lens, T, window, shape,
-              o.data_ptr<float>());
-  }
+  attend_cache(q.data_ptr<float>(), k_cache, v_cache, block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), T,
+               window, shape, o.data_ptr<float>());
   return o;
 }
 
