@@ -23,8 +23,15 @@ def test_kept_sets_of_covered_rows_are_the_reference(seed, candidates):  # noqa:
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     seen = {True: 0, False: 0}
     for trial in range(4):
-        B, V = 24, rng.choice([37, 64, 130, 300])
-        x = apply_penalties_dense(random_logits(g, rng, B, V).float(), params := random_params(rng, B, V, trial % 2 == 1))
+        # Trial 0 is wider than every candidate count; its row 0 keeps the whole
+        # vocabulary (the fallback) and its row 1 only the top token (covered), so both
+        # paths run whatever the seed draws.
+        B, V = 24, 300 if trial == 0 else rng.choice([37, 64, 130, 300])
+        params = random_params(rng, B, V, trial % 2 == 1)
+        if trial == 0:
+            params.temperature[:2], params.top_p[:2], params.min_p[:2] = 1.0, 1.0, 0.0
+            params.top_k[0], params.top_k[1] = 0, 1
+        x = apply_penalties_dense(random_logits(g, rng, B, V).float(), params)
         params.prompt_tokens = params.output_tokens = None
         ids, keep, covered = _candidate_keep(x, params, min(candidates, V))
         want = keep_mask(x, params)
