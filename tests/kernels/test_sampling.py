@@ -29,8 +29,11 @@ CONFIGS = [
     TritonSamplerConfig(block=64, block_p=32, num_pivots=8, cap=32),
     TritonSamplerConfig(block=128, block_p=64, num_pivots=4, cap=4096),
 ]
-# Six chi-square tests per run: a family-wise false alarm rate of about 1e-3 per run.
+# Six chi-square tests, each at 1e-3 / 6. Their draws come from one fixed seed rather
+# than the run's random one: a right sampler then never fails CI by chance (a wrong one
+# fails at p ~ 0 for any seed), and IGNIS_TEST_SEED still explores others.
 P_MIN = 1e-3 / 6
+DIST_SEED = int(os.environ.get("IGNIS_TEST_SEED", 20261201))
 
 
 @pytest.fixture
@@ -297,17 +300,17 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-def test_reference_distribution(seed, setting):
+def test_reference_distribution(setting):
     """Support and chi-square of 4000 draws (seeds) against the renormalised distribution."""
-    x_row = torch.randn(12, generator=torch.Generator().manual_seed(seed))
-    check_distribution(sample_ref, x_row, setting, 4000, seed)
+    x_row = torch.randn(12, generator=torch.Generator().manual_seed(DIST_SEED))
+    check_distribution(sample_ref, x_row, setting, 4000, DIST_SEED)
 
 
-def test_triton_distribution(seed):
+def test_triton_distribution():
     """The kernel's draws on a small vocabulary: exact support and chi-square (240 draws)."""
-    x_row = torch.randn(8, generator=torch.Generator().manual_seed(seed)) * 0.7
+    x_row = torch.randn(8, generator=torch.Generator().manual_seed(DIST_SEED)) * 0.7
     draw = lambda x, p: sample_triton_debug(x, p, TritonSamplerConfig(block=8, block_p=8, num_pivots=4, cap=8))[0]  # noqa: E731
-    check_distribution(draw, x_row, {"t": 0.9, "k": 6, "p": 0.95, "mp": 0.01}, 240, seed)
+    check_distribution(draw, x_row, {"t": 0.9, "k": 6, "p": 0.95, "mp": 0.01}, 240, DIST_SEED)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
