@@ -13,6 +13,8 @@ and llama-server with -DGGML_NATIVE=ON under `nice -n 19` with -j2 (~11-60 minut
 Measured, alternating the two engines where it matters (a shared machine only slows):
   decode, batch 1      llama-bench tg128                | ignis engine, 128 tokens, 1 sequence
   decode, N concurrent llama-batched-bench -npl N        | ignis engine, N sequences
+  decode at depth      llama-bench -d D tg64: one        | ignis engine, one sequence after a
+                       sequence after D tokens of context  D-token prompt, 64 tokens
   served prefill       llama-server /completion, 1 token out, cache_prompt false, its
                        timings.prompt_per_second        | ignis server (experiments/serving.py),
                        /v1/responses with max_output_tokens 1: input tokens / wall time
@@ -101,6 +103,13 @@ def llama_bench_tg(gguf: Path, threads: int) -> float:
     return float(json.loads(out)[0]["avg_ts"])
 
 
+def llama_bench_depth(gguf: Path, threads: int, depth: int) -> float:
+    """Batch-1 decode tok/s of 64 tokens after `depth` tokens of context."""
+    out = subprocess.run([str(BIN / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "64",
+                          "-d", str(depth), "-r", "2", "-o", "json"], capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
 def llama_batched(gguf: Path, threads: int, npl: int, ntg: int) -> float:
     """Decode tok/s (S_TG) of npl sequences of 40 prompt tokens, ntg tokens each."""
     ctx = npl * (40 + ntg) + 64
@@ -162,6 +171,17 @@ def ignis_decode(n: int, max_tokens: int) -> float:
     return max(r.decode_tps for r in runs)
 
 
+def ignis_decode_at_depth(depth: int, max_tokens: int = 64) -> float:
+    """One sequence's decode tok/s after a `depth`-token prompt (the perplexity text). The
+    run's warm-up prefills it once; the timed request then finds it in the prefix cache."""
+    from experiments.bench_engine import run_ignis
+    from ignis.model import load_model
+
+    loaded = load_model(progress=False, weight_form="auto", max_num_seqs=1)
+    ids = loaded.tokenizer.encode(long_prompt(depth + 1000))[:depth]
+    return run_ignis(loaded, [ids], max_tokens).decode_tps
+
+
 def ignis_prefill(srv, prompt: str, salt: int) -> tuple[int, float]:
     # A fresh first line each time, so no prefix-cache block is reused.
     body = {"model": "smollm2-135m", "input": f"[{salt}] {prompt}", "max_output_tokens": 1, "store": False}
@@ -210,7 +230,8 @@ def table(rows: list[tuple[str, float | None, float | None, bool]]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: Path, decode: dict[int, tuple[float, float]], prefill: dict[int, tuple[float, float]]) -> None:
+def plot(path: Path, decode: dict[int, tuple[float, float]], prefill: dict[int, tuple[float, float]],
+         depth: dict[int, tuple[float, float]]) -> None:
     pylib = CACHE.parent / "pylib"  # a git-ignored install target, so the venv stays as pinned
     if pylib.is_dir() and str(pylib) not in sys.path:
         sys.path.append(str(pylib))
@@ -219,7 +240,7 @@ def plot(path: Path, decode: dict[int, tuple[float, float]], prefill: dict[int, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     ns = sorted(decode)
     axes[0].plot(ns, [decode[n][0] for n in ns], "o-", label="llama.cpp")
     axes[0].plot(ns, [decode[n][1] for n in ns], "s-", label="ignis")
@@ -229,6 +250,11 @@ def plot(path: Path, decode: dict[int, tuple[float, float]], prefill: dict[int, 
         axes[1].plot(ls, [prefill[n][0] for n in ls], "o-", label="llama-server")
         axes[1].plot(ls, [prefill[n][1] for n in ls], "s-", label="ignis server")
     axes[1].set(xlabel="prompt tokens", ylabel="prefill tok/s", title="served prefill vs prompt length")
+    ds = sorted(depth)
+    if ds:
+        axes[2].plot(ds, [depth[d][0] for d in ds], "o-", label="llama.cpp")
+        axes[2].plot(ds, [depth[d][1] for d in ds], "s-", label="ignis")
+    axes[2].set(xlabel="context tokens", ylabel="decode tok/s", title="one sequence's decode vs its context")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
@@ -242,6 +268,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--prefill", type=int, nargs="+", default=[1500, 6000], help="prompt lengths (tokens, about)")
     ap.add_argument("--max-tokens", type=int, default=64, help="decode tokens per sequence at N > 1")
+    ap.add_argument("--depths", type=int, nargs="*", default=[2048, 4096, 7936],
+                    help="context lengths for batch-1 decode at depth (SmolLM2's context is 8192)")
     ap.add_argument("--quick", action="store_true", help="batch-1 and 64-concurrent decode and RSS only")
     ap.add_argument("--png", type=Path, default=Path(__file__).with_name("vs_llamacpp.png"))
     ap.add_argument("--served-weight-form", default="quantized",
@@ -270,6 +298,13 @@ def main() -> None:
         decode[n] = (theirs, mine)
         log(f"decode {n}: llama.cpp {theirs:.1f}, ignis {mine:.1f} tok/s")
         rows.append((f"decode, {n} concurrent (tok/s)", theirs, mine, False))
+
+    depth: dict[int, tuple[float, float]] = {}
+    for d in [] if args.quick else args.depths:
+        theirs, mine = llama_bench_depth(gguf, args.threads, d), ignis_decode_at_depth(d)
+        depth[d] = (theirs, mine)
+        log(f"decode after {d} tokens: llama.cpp {theirs:.1f}, ignis {mine:.1f} tok/s")
+        rows.append((f"decode, 1 sequence after {d} tokens (tok/s)", theirs, mine, False))
 
     prefill: dict[int, tuple[float, float]] = {}
     llama = LlamaServer(gguf, args.threads)
@@ -312,7 +347,7 @@ def main() -> None:
     print(table(rows))
     print(f"\n(`import torch` alone: {torch_mb:.0f} MB RSS; {args.threads} threads; one run)")
     try:
-        plot(args.png, decode, prefill)
+        plot(args.png, decode, prefill, depth)
         print(f"plot: {args.png}")
     except ImportError:  # matplotlib: pip install matplotlib (or --target .cache/pylib)
         log("matplotlib is not installed: no plot")

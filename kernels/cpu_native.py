@@ -58,13 +58,13 @@ def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _build(cxx: str, target: Path) -> None:
+def _build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
     torch_dir = Path(torch.__file__).parent
     include = torch_dir / "include"
     lib = torch_dir / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [
-        cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
+        cxx, *FLAGS, *extra_flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
         str(SOURCE), "-o", "OUT", f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}",
     ]
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -26,13 +26,16 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <vector>
 
 namespace {
@@ -157,9 +160,14 @@ void check_indices(const at::Tensor& block_tables, const at::Tensor& seq_lens, c
   }
 }
 
+// A work unit's result per query head: its scores' max, their exp-sum, then (from
+// kPartOut on, 64-byte aligned in the part buffer) its unnormalised output [D].
+constexpr int64_t kPartOut = 16;
+inline int64_t part_stride(int64_t D) { return kPartOut + D; }
+
 // One work unit of decode attention: keys [lo, hi) of one row (its blocks in `table`), for
-// all its query heads q [heads, D] (head h reads kv head h / G). Writes each head's running
-// max, sum and unnormalised output to out [heads][D + 2]. Keys are walked block by block
+// all its query heads q [heads, D] (head h reads kv head h / G). Writes each head's part
+// (above) to out [heads][part_stride(D)]. Portable loops; keys are walked block by block
 // (one table lookup per block, no division per key), each token's K (then V) row of all
 // kv heads read contiguously and widened to fp32 once into `row`, then serving its G query
 // heads. DC > 0 fixes the head dim at compile time (64 and 128: the inner loops unroll);
@@ -169,6 +177,7 @@ void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* tabl
                  const AttnShape& a, float* scores, float* row, float* out) {
   const int64_t D = DC > 0 ? DC : a.dim, G = a.heads / a.kv_heads, BS = a.block_size, H = a.heads;
   const int64_t stride = a.kv_heads * D;  // one token's K (or V) row in the cache
+  const int64_t P = part_stride(D);
   const int64_t n = hi - lo;
   // Calls f(j, the j-th key's row [kv_heads, D] in `cache`) for j in [0, n).
   auto walk = [&](const KV* cache, auto&& f) {
@@ -179,7 +188,7 @@ void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* tabl
       pos += take;
     }
   };
-  for (int64_t h = 0; h < H; ++h) out[h * (D + 2)] = -std::numeric_limits<float>::infinity();
+  for (int64_t h = 0; h < H; ++h) out[h * P] = -std::numeric_limits<float>::infinity();
   walk(kc, [&](int64_t j, const KV* kr) {
 #pragma omp simd
     for (int64_t d = 0; d < stride; ++d) row[d] = kv_load(kr[d]);
@@ -191,20 +200,20 @@ void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* tabl
       for (int64_t d = 0; d < D; ++d) s += qh[d] * kh[d];
       s *= a.scale;
       scores[h * kKeysPerUnit + j] = s;
-      out[h * (D + 2)] = std::max(out[h * (D + 2)], s);
+      out[h * P] = std::max(out[h * P], s);
     }
   });
   for (int64_t h = 0; h < H; ++h) {
     float* sh = scores + h * kKeysPerUnit;
-    const float m = out[h * (D + 2)];
+    const float m = out[h * P];
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < n; ++j) {
       sh[j] = exp_approx(sh[j] - m);
       sum += sh[j];
     }
-    out[h * (D + 2) + 1] = sum;
-    std::fill(out + h * (D + 2) + 2, out + (h + 1) * (D + 2), 0.0f);
+    out[h * P + 1] = sum;
+    std::fill(out + h * P + kPartOut, out + (h + 1) * P, 0.0f);
   }
   walk(vc, [&](int64_t j, const KV* vr) {
 #pragma omp simd
@@ -212,12 +221,152 @@ void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* tabl
     for (int64_t h = 0; h < H; ++h) {
       const float p = scores[h * kKeysPerUnit + j];
       const float* vh = row + (h / G) * D;
-      float* acc = out + h * (D + 2) + 2;
+      float* acc = out + h * P + kPartOut;
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) acc[d] += p * vh[d];
     }
   });
 }
+
+#if defined(__AVX512F__)
+// The same unit with AVX-512, for head dims of 64 and 128. The portable loops above pay
+// a horizontal sum per key and query head, keep the outputs in memory (a load and a
+// store per key and head) and leave exp scalar (gcc does not vectorize it there): at 8k
+// keys they read a bf16 cache at ~6 GB/s, a fifth of the memory's bandwidth. Here keys
+// go in tiles of 16, widened once into `tile` [kv_heads][16][D] fp32 while the next
+// tile is prefetched; per query head, 16 dot products are vector FMAs summed across
+// lanes together (sum_lanes16), exp is 16 lanes wide, and the output stays in registers
+// across a tile. ~17 GB/s on the same keys (RESULTS.md, session 8).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {  // bf16 bits: widened exactly, as bf16_to_float
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+// Lane i: the sum of v[i]'s 16 lanes. A transpose-and-add tree: pairs within 128-bit
+// lanes, then quads, then across the four 128-bit blocks (45 instructions for 16 sums).
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3]
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit block: keys 4i .. 4i+3, each summed over that block
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// exp_approx on 16 lanes (gcc leaves the scalar one's loops unvectorized here). 2^n is
+// applied by scalef, exact like the scalar's exponent bits.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+template <typename KV, int D>
+void attend_unit_avx512(const float* q, const KV* kc, const KV* vc, const int32_t* table, int64_t lo, int64_t hi,
+                        const AttnShape& a, float* scores, float* tile, float* out) {
+  static_assert(D % 16 == 0);
+  constexpr int C = D / 16;
+  constexpr int64_t P = kPartOut + D;
+  const int64_t G = a.heads / a.kv_heads, KVH = a.kv_heads, BS = a.block_size, n = hi - lo;
+  const int64_t width = KVH * D;  // one token's K (or V) row: every kv head
+  const int64_t lines = (width * int64_t(sizeof(KV)) + 63) / 64;
+  int64_t rows[kKeysPerUnit];  // each key's row in its cache, in elements
+  for (int64_t pos = lo, j = 0; pos < hi;) {  // block by block: no division per key
+    const int64_t off = pos % BS, take = std::min(BS - off, hi - pos);
+    const int64_t first = (int64_t(table[pos / BS]) * BS + off) * width;
+    for (int64_t i = 0; i < take; ++i) rows[j++] = first + i * width;
+    pos += take;
+  }
+  // Keys [j0, j0 + 16) into tile [kv_heads][16][D] as fp32 (rows past the unit's end: zeros),
+  // each token's row read whole and in order; the next tile's rows are requested from
+  // memory meanwhile (the blocks lie anywhere in the cache: no prefetcher foresees them).
+  auto widen = [&](const KV* cache, int64_t j0) {
+    // The next tile: this cache's next 16 keys, or after the last keys the values' first.
+    const bool last = j0 + 16 >= n;
+    const KV* ahead = last ? (cache == kc ? vc : nullptr) : cache;
+    const int64_t a0 = last ? 0 : j0 + 16;
+    for (int64_t i = 0; i < 16; ++i) {
+      if (ahead && a0 + i < n) {
+        const char* next = reinterpret_cast<const char*>(ahead + rows[a0 + i]);
+        for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+      }
+      for (int64_t g = 0; g < KVH; ++g) {
+        float* t = tile + (g * 16 + i) * D;
+        if (j0 + i < n) {
+          const KV* r = cache + rows[j0 + i] + g * D;
+          for (int c = 0; c < C; ++c) _mm512_storeu_ps(t + 16 * c, load16(r + 16 * c));
+        } else {
+          for (int c = 0; c < C; ++c) _mm512_storeu_ps(t + 16 * c, _mm512_setzero_ps());
+        }
+      }
+    }
+  };
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {  // scores [j0, j0 + 16): within the unit's 256
+    widen(kc, j0);
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const float* t = tile + (h / G) * 16 * D;
+      __m512 qh[C], acc[16];
+      for (int c = 0; c < C; ++c) qh[c] = _mm512_loadu_ps(q + h * D + 16 * c);
+      for (int i = 0; i < 16; ++i) {
+        acc[i] = _mm512_mul_ps(qh[0], _mm512_loadu_ps(t + i * D));
+        for (int c = 1; c < C; ++c) acc[i] = _mm512_fmadd_ps(qh[c], _mm512_loadu_ps(t + i * D + 16 * c), acc[i]);
+      }
+      _mm512_storeu_ps(scores + h * kKeysPerUnit + j0, _mm512_mul_ps(sum_lanes16(acc), scale));
+    }
+  }
+  for (int64_t h = 0; h < a.heads; ++h) {  // softmax numerators; lanes past n are left out
+    float* sh = scores + h * kKeysPerUnit;
+    __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vsum = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      const __mmask16 live = n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1);
+      vmax = _mm512_mask_max_ps(vmax, live, vmax, _mm512_loadu_ps(sh + j0));
+    }
+    const float m = _mm512_reduce_max_ps(vmax);
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      const __mmask16 live = n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + j0), _mm512_set1_ps(m)));
+      _mm512_storeu_ps(sh + j0, e);
+      vsum = _mm512_mask_add_ps(vsum, live, vsum, e);
+    }
+    out[h * P] = m;
+    out[h * P + 1] = _mm512_reduce_add_ps(vsum);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * P + kPartOut + 16 * c, _mm512_setzero_ps());
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    widen(vc, j0);
+    const int64_t m = std::min<int64_t>(16, n - j0);
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const float* t = tile + (h / G) * 16 * D;
+      float* oh = out + h * P + kPartOut;
+      const float* p = scores + h * kKeysPerUnit + j0;
+      __m512 acc[C];
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_loadu_ps(oh + 16 * c);
+      for (int64_t i = 0; i < m; ++i) {
+        const __m512 pi = _mm512_set1_ps(p[i]);
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(t + i * D + 16 * c), acc[c]);
+      }
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(oh + 16 * c, acc[c]);
+    }
+  }
+}
+#endif
 
 // Paged decode attention for T rows (one query token each): o [T, heads, dim] from q of
 // the same shape, over the first seq_lens[t] keys of row t (the last `window` of them
@@ -240,18 +389,25 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
     keys += n - lo;
   }
   const int64_t U = int64_t(units.size());
-  const int64_t stride = H * (D + 2);  // per unit and query head: max, sum, then dim outputs
-  // Every unit writes its whole part (max, sum, zeroed outputs) before the merge reads it.
-  std::unique_ptr<float[]> part(new float[U * stride]);
+  const int64_t P = part_stride(D), stride = H * P;  // per unit: each query head's part
+  // Every unit writes its whole part (max, sum, outputs) before the merge reads it.
+  at::Tensor part_buffer = at::empty({U * stride}, at::kFloat);  // 64-byte aligned
+  float* part = part_buffer.data_ptr<float>();
+#if defined(__AVX512F__)
+  const auto unit = D == 64 ? attend_unit_avx512<KV, 64> : D == 128 ? attend_unit_avx512<KV, 128> : attend_unit<KV, 0>;
+  const int64_t scratch = 16 * a.kv_heads * D;  // the tile (or the portable unit's row)
+#else
   const auto unit = D == 64 ? attend_unit<KV, 64> : D == 128 ? attend_unit<KV, 128> : attend_unit<KV, 0>;
+  const int64_t scratch = a.kv_heads * D;
+#endif
 
   // A short context is a few microseconds of work: not worth waking the other threads.
   at::parallel_for(0, U, keys * H < 4096 ? U : 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(kKeysPerUnit * H), row(a.kv_heads * D);
+    std::vector<float> scores(kKeysPerUnit * H), row(scratch);
     for (int64_t u = begin; u < end; ++u) {
       const Unit& w = units[u];
       unit(q + w.t * H * D, kc, vc, tables + w.t * a.blocks_per_row, w.lo, w.hi, a, scores.data(), row.data(),
-           part.get() + u * stride);
+           part + u * stride);
     }
   });
 
@@ -262,14 +418,14 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
       std::fill(oh, oh + D, 0.0f);
       if (u0 == u1) continue;  // no keys (cannot happen: the row's own key is written)
       float m = -std::numeric_limits<float>::infinity();
-      for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * (D + 2)]);
+      for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * P]);
       float total = 0.0f;
       for (int64_t u = u0; u < u1; ++u) {
-        const float* p = part.get() + u * stride + h * (D + 2);
+        const float* p = part + u * stride + h * P;
         const float c = exp_approx(p[0] - m);
         total += p[1] * c;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) oh[d] += p[2 + d] * c;
+        for (int64_t d = 0; d < D; ++d) oh[d] += p[kPartOut + d] * c;
       }
       const float inv = 1.0f / total;
 #pragma omp simd

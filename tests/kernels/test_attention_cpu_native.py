@@ -3,6 +3,11 @@ kernels.attention_cpu_native.NativeCpuAttention) against kernels' reference."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -38,16 +43,18 @@ def _case(seq_lens: list[int], q_lens: list[int], *, bs: int = 4, kv_heads: int 
     return op, (q, k_cache, v_cache, block_tables, qsl, lens)
 
 
+@pytest.mark.parametrize("dim", [16, 64])  # the portable loops; AVX-512 tiles where the CPU has them
 @pytest.mark.parametrize("window", [None, 5, 300])
 @pytest.mark.parametrize("rows", ["lone", "decodes", "decodes+prefill"])
-def test_native_decode_attention_matches_reference(window: int | None, rows: str) -> None:
-    # Lengths around the 256-key work units (split across threads, merged): 1, 255, 256, 257, 700.
+def test_native_decode_attention_matches_reference(window: int | None, rows: str, dim: int) -> None:
+    # Lengths around the 256-key work units (split across threads, merged) and the 16-key
+    # tiles: 1, 9, 255, 256, 257, 700.
     seq_lens, q_lens = [700, 1, 257, 9, 256, 255], [1] * 6
     if rows == "lone":
         seq_lens, q_lens = [700], [1]
     elif rows == "decodes+prefill":
         seq_lens, q_lens = [*seq_lens, 30, 12], [*q_lens, 5, 12]
-    op, args = _case(seq_lens, q_lens)
+    op, args = _case(seq_lens, q_lens, dim=dim)
     got = op(*args, scale=0.3, sliding_window=window)
     want = paged_attention_ref(*args, 0.3, window)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -103,3 +110,35 @@ def test_other_dtypes_take_the_eager_path() -> None:
     got = op(q.double(), k.double(), v.double(), bt, qsl, lens, scale=0.3)
     assert got.dtype == torch.float64 and op._eager is not None
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_portable_loops_where_there_is_no_avx512(tmp_path: Path) -> None:
+    """What a CPU without AVX-512 runs (aarch64, older x86) for every head dim: the op built
+    with -mno-avx512f, through the tests above in a fresh process (this one holds the
+    op's name already)."""
+    cxx = cpu_native._compiler()
+    assert cxx is not None  # the module fixture loaded the op, so a compiler exists
+    lib = tmp_path / "portable.so"
+    cpu_native._build(cxx, lib, extra_flags=("-mno-avx512f",))
+    tiles = b"attend_unit_avx512"
+    assert tiles not in lib.read_bytes()
+    if "avx512f" in cpu_native._cpu_id():
+        assert tiles in cpu_native.library_path().read_bytes()  # the default build has them
+    script = f"""
+import torch
+torch.ops.load_library({str(lib)!r})
+import tests.kernels.test_attention_cpu_native as t
+for dim in (16, 64, 128):
+    for window in (None, 5, 300):
+        for rows in ("lone", "decodes", "decodes+prefill"):
+            t.test_native_decode_attention_matches_reference(window, rows, dim)
+t.test_bf16_cache("decodes+prefill")
+t.test_unrolled_head_dims(64)
+t.test_unrolled_head_dims(128)
+t.test_one_kv_head_and_wide_groups()
+"""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
