@@ -73,6 +73,43 @@ def test_gemm_ops_match_their_weights() -> None:
     assert rel_err(Int4Linear(q, s, z, None).dense(), dense) < 1e-2
 
 
+@pytest.mark.parametrize("n", [192, 96])
+def test_wide_steps_widen_the_quantized_weight(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From WIDEN_ROWS rows, Int4Linear and Int8Linear run oneDNN's bf16 GEMM over their
+    weight widened for the step: the int4 GEMM's own dequantized values, rounded to bf16,
+    bit for bit (torch's packing interleaves 64-row blocks: a weight of other row counts
+    stays on the int4 GEMM), the same in slices of output rows as whole."""
+    import torch.nn.functional as F
+
+    from ignis.model import packed
+
+    rng = np.random.default_rng(4)
+    raw = _random_blocks(rng, n, 128, Q.Q4_1)
+    q, s, z = decode_int4(raw, Q.Q4_1, 128)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_1).reshape(n, 128))
+    bias = torch.randn(n)
+    i4, i8 = Int4Linear(q, s, z, bias), Int8Linear(dense, bias)
+    x = torch.randn(packed.WIDEN_ROWS, 128)
+    xb = x.to(torch.bfloat16)
+    int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+    if n % 64 == 0:
+        # The int4 GEMM's weight, read through the op at fewer rows than WIDEN_ROWS.
+        w4 = int4_mm(torch.eye(128, dtype=torch.bfloat16), i4.packed, 32, i4.scales_zeros).t()
+        assert torch.equal(i4.widen(0, n), w4)
+        want4 = F.linear(xb, w4).float() + bias
+    else:
+        want4 = int4_mm(xb, i4.packed, 32, i4.scales_zeros).float() + bias
+    w8 = (i8.weight.float() * i8.scale.float()[:, None]).to(torch.bfloat16)
+    want8 = F.linear(xb, w8).float() + bias
+    torch.testing.assert_close(i4(x), want4, rtol=0, atol=0)
+    torch.testing.assert_close(i8(x), want8, rtol=0, atol=0)
+    for op in (i4, i8):
+        assert rel_err(op(x), x @ dense.t() + bias) < 2e-2
+    monkeypatch.setattr(packed, "_WIDEN_ELEMENTS", 64 * 128)  # one 64-row slice at a time
+    torch.testing.assert_close(i4(x), want4, rtol=0, atol=0)
+    torch.testing.assert_close(i8(x), want8, rtol=0, atol=0)
+
+
 def test_mixed_op_picks_its_gemm_by_rows() -> None:
     """The mixed form's op: the quantized GEMM for steps of at most NARROW_ROWS rows, bf16
     above, each with the bias once; both hold the same weight."""
