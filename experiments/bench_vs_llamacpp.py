@@ -171,13 +171,12 @@ def ignis_decode(n: int, max_tokens: int) -> float:
     return max(r.decode_tps for r in runs)
 
 
-def ignis_decode_at_depth(depth: int, max_tokens: int = 64) -> float:
-    """One sequence's decode tok/s after a `depth`-token prompt (the perplexity text). The
-    run's warm-up prefills it once; the timed request then finds it in the prefix cache."""
+def ignis_decode_at_depth(loaded, depth: int, max_tokens: int = 64) -> float:
+    """One sequence's decode tok/s after a `depth`-token prompt (the perplexity text) with the
+    one-sequence model `loaded`. The run's warm-up prefills the prompt once; the timed
+    request then finds it in the prefix cache."""
     from experiments.bench_engine import run_ignis
-    from ignis.model import load_model
 
-    loaded = load_model(progress=False, weight_form="auto", max_num_seqs=1)
     ids = loaded.tokenizer.encode(long_prompt(depth + 1000))[:depth]
     return run_ignis(loaded, [ids], max_tokens).decode_tps
 
@@ -285,6 +284,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from experiments.serving import ServerProcess
+    from ignis.model import load_model
     from ignis.model.embedded import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
@@ -300,8 +300,10 @@ def main() -> None:
         rows.append((f"decode, {n} concurrent (tok/s)", theirs, mine, False))
 
     depth: dict[int, tuple[float, float]] = {}
-    for d in [] if args.quick else args.depths:
-        theirs, mine = llama_bench_depth(gguf, args.threads, d), ignis_decode_at_depth(d)
+    depths = [] if args.quick else args.depths
+    one_seq = load_model(progress=False, weight_form="auto", max_num_seqs=1) if depths else None
+    for d in depths:
+        theirs, mine = llama_bench_depth(gguf, args.threads, d), ignis_decode_at_depth(one_seq, d)
         depth[d] = (theirs, mine)
         log(f"decode after {d} tokens: llama.cpp {theirs:.1f}, ignis {mine:.1f} tok/s")
         rows.append((f"decode, 1 sequence after {d} tokens (tok/s)", theirs, mine, False))

@@ -165,10 +165,21 @@ void check_indices(const at::Tensor& block_tables, const at::Tensor& seq_lens, c
 constexpr int64_t kPartOut = 16;
 inline int64_t part_stride(int64_t D) { return kPartOut + D; }
 
+// Where keys [lo, hi) of a row (its blocks in `table`) lie: rows[j] = the offset, in
+// elements, of key lo + j's row (width elements: every kv head) in its cache. Walked
+// block by block: one table lookup per block, no division per key.
+inline void key_rows(const int32_t* table, int64_t lo, int64_t hi, int64_t BS, int64_t width, int64_t* rows) {
+  for (int64_t pos = lo, j = 0; pos < hi;) {
+    const int64_t off = pos % BS, take = std::min(BS - off, hi - pos);
+    const int64_t first = (int64_t(table[pos / BS]) * BS + off) * width;
+    for (int64_t i = 0; i < take; ++i) rows[j++] = first + i * width;
+    pos += take;
+  }
+}
+
 // One work unit of decode attention: keys [lo, hi) of one row (its blocks in `table`), for
 // all its query heads q [heads, D] (head h reads kv head h / G). Writes each head's part
-// (above) to out [heads][part_stride(D)]. Portable loops; keys are walked block by block
-// (one table lookup per block, no division per key), each token's K (then V) row of all
+// (above) to out [heads][part_stride(D)]. Portable loops; each token's K (then V) row of all
 // kv heads read contiguously and widened to fp32 once into `row`, then serving its G query
 // heads. DC > 0 fixes the head dim at compile time (64 and 128: the inner loops unroll);
 // 0 reads it from `a`.
@@ -179,14 +190,11 @@ void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* tabl
   const int64_t stride = a.kv_heads * D;  // one token's K (or V) row in the cache
   const int64_t P = part_stride(D);
   const int64_t n = hi - lo;
+  int64_t rows[kKeysPerUnit];
+  key_rows(table, lo, hi, BS, stride, rows);
   // Calls f(j, the j-th key's row [kv_heads, D] in `cache`) for j in [0, n).
   auto walk = [&](const KV* cache, auto&& f) {
-    for (int64_t pos = lo, j = 0; pos < hi;) {
-      const int64_t off = pos % BS, take = std::min(BS - off, hi - pos);
-      const KV* r = cache + (int64_t(table[pos / BS]) * BS + off) * stride;
-      for (int64_t i = 0; i < take; ++i, ++j, r += stride) f(j, r);
-      pos += take;
-    }
+    for (int64_t j = 0; j < n; ++j) f(j, cache + rows[j]);
   };
   for (int64_t h = 0; h < H; ++h) out[h * P] = -std::numeric_limits<float>::infinity();
   walk(kc, [&](int64_t j, const KV* kr) {
@@ -286,13 +294,8 @@ void attend_unit_avx512(const float* q, const KV* kc, const KV* vc, const int32_
   const int64_t G = a.heads / a.kv_heads, KVH = a.kv_heads, BS = a.block_size, n = hi - lo;
   const int64_t width = KVH * D;  // one token's K (or V) row: every kv head
   const int64_t lines = (width * int64_t(sizeof(KV)) + 63) / 64;
-  int64_t rows[kKeysPerUnit];  // each key's row in its cache, in elements
-  for (int64_t pos = lo, j = 0; pos < hi;) {  // block by block: no division per key
-    const int64_t off = pos % BS, take = std::min(BS - off, hi - pos);
-    const int64_t first = (int64_t(table[pos / BS]) * BS + off) * width;
-    for (int64_t i = 0; i < take; ++i) rows[j++] = first + i * width;
-    pos += take;
-  }
+  int64_t rows[kKeysPerUnit];
+  key_rows(table, lo, hi, BS, width, rows);
   // Keys [j0, j0 + 16) into tile [kv_heads][16][D] as fp32 (rows past the unit's end: zeros),
   // each token's row read whole and in order; the next tile's rows are requested from
   // memory meanwhile (the blocks lie anywhere in the cache: no prefetcher foresees them).
@@ -331,19 +334,17 @@ void attend_unit_avx512(const float* q, const KV* kc, const KV* vc, const int32_
       _mm512_storeu_ps(scores + h * kKeysPerUnit + j0, _mm512_mul_ps(sum_lanes16(acc), scale));
     }
   }
+  // The lanes of keys [j0, j0 + 16) that lie in the unit.
+  auto live = [n](int64_t j0) { return n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1); };
   for (int64_t h = 0; h < a.heads; ++h) {  // softmax numerators; lanes past n are left out
     float* sh = scores + h * kKeysPerUnit;
     __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vsum = _mm512_setzero_ps();
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      const __mmask16 live = n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1);
-      vmax = _mm512_mask_max_ps(vmax, live, vmax, _mm512_loadu_ps(sh + j0));
-    }
+    for (int64_t j0 = 0; j0 < n; j0 += 16) vmax = _mm512_mask_max_ps(vmax, live(j0), vmax, _mm512_loadu_ps(sh + j0));
     const float m = _mm512_reduce_max_ps(vmax);
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      const __mmask16 live = n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1);
       const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + j0), _mm512_set1_ps(m)));
       _mm512_storeu_ps(sh + j0, e);
-      vsum = _mm512_mask_add_ps(vsum, live, vsum, e);
+      vsum = _mm512_mask_add_ps(vsum, live(j0), vsum, e);
     }
     out[h * P] = m;
     out[h * P + 1] = _mm512_reduce_add_ps(vsum);

@@ -33,7 +33,7 @@ CONFIGS = [
 # than the run's random one: a right sampler then never fails CI by chance (a wrong one
 # fails at p ~ 0 for any seed), and IGNIS_TEST_SEED still explores others.
 P_MIN = 1e-3 / 6
-DIST_SEED = int(os.environ.get("IGNIS_TEST_SEED", 20261201))
+DIST_SEED = int(os.environ.get("IGNIS_TEST_SEED", "20261201"))
 
 
 @pytest.fixture
