@@ -218,12 +218,15 @@ def _load_gguf(
     from ignis.model.chat_template import ChatTemplate
     from ignis.model.generation_config import from_gguf
     from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
-    from ignis.model.packed import load_packed_gguf, resolve_weight_form
+    from ignis.model.packed import load_packed_gguf
+    from ignis.model.weight_plan import plan_weights
     from ignis.model.tokenizer import Tokenizer
 
     reader = gguf.GGUFReader(path)
     config = config_from_gguf(reader)
-    form = resolve_weight_form(weight_form, kind="gguf", device=device, max_num_seqs=max_num_seqs)
+    plan = plan_weights(weight_form, kind="gguf", device=device, max_num_seqs=max_num_seqs)
+    form = plan.form
+    log.info("weight form %s: %s", form, plan.why)
 
     def bar(items: Iterator[tuple[str, Any]], desc: str) -> Iterator[tuple[str, Any]]:
         return _progress(items, len(reader.tensors), progress, desc)
@@ -233,7 +236,7 @@ def _load_gguf(
         model = build_model(config, bar(iter_gguf_weights(reader, config), "dequantizing"), dtype=dtype, device=device)
     elif weights:
         model = load_packed_gguf(
-            reader, config, form, lambda items: bar(items, f"packing ({form})"), max_num_seqs=max_num_seqs
+            reader, config, plan, lambda items: bar(items, f"packing ({form})"), max_num_seqs=max_num_seqs
         )
     # Everything is copied out of the file's memmap, which goes with the reader.
     return _Checkpoint(model, config, Tokenizer.from_gguf(reader), ChatTemplate.from_gguf(reader), from_gguf(reader))
@@ -246,11 +249,10 @@ def _load_hf(
     from ignis.model.chat_template import ChatTemplate
     from ignis.model.generation_config import from_hf_dir
     from ignis.model.hf_loader import hf_tensor_names, iter_hf_weights, read_hf_config
-    from ignis.model.packed import resolve_weight_form
     from ignis.model.tokenizer import Tokenizer
+    from ignis.model.weight_plan import plan_weights
 
-    if resolve_weight_form(weight_form, kind="hf", device=device, max_num_seqs=max_num_seqs) != "float32":
-        raise ValueError("packed weight forms are built from GGUF files; use model.dtype for HF checkpoints")
+    plan_weights(weight_form, kind="hf", device=device, max_num_seqs=max_num_seqs)  # refuses packed forms
     config = read_hf_config(path)
     model = None
     if weights:
