@@ -39,14 +39,16 @@ def make_config(*, engine: dict | None = None, **server: Any) -> IgnisConfig:
 
 
 def client(srv: Any, key: str | None = KEY, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key or "none", max_retries=0, timeout=60, **kw)
+    kw.setdefault("timeout", 60)
+    return openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key or "none", max_retries=0, **kw)
 
 
 def http(srv: Any, method: str, path: str, key: str | None = KEY, **kw: Any) -> httpx.Response:
     headers = dict(kw.pop("headers", {}) or {})
     if key is not None:
         headers.setdefault("Authorization", f"Bearer {key}")
-    return httpx.request(method, srv.base_url + path, headers=headers, timeout=60, **kw)
+    kw.setdefault("timeout", 60)
+    return httpx.request(method, srv.base_url + path, headers=headers, **kw)
 
 
 def validate_ws(ev: dict[str, Any]) -> Any:
