@@ -87,12 +87,14 @@ class CodexRun:
 
 def run_codex(home: Path, workdir: Path, prompt: str, *, key: str, resume: bool = False,
               timeout: float = 300, disable: tuple[str, ...] = ("goals", "multi_agent"),
-              output_schema: Path | None = None) -> CodexRun:
+              output_schema: Path | None = None, sandbox: str | None = None) -> CodexRun:
     """`codex exec --json`; `disable`: Codex features turned off (the default keeps the
-    four function tools of the conformance recordings; () is Codex's default tool set)."""
+    four function tools of the conformance recordings; () is Codex's default tool set).
+    `sandbox`: Codex's ``--sandbox`` mode; None runs without its sandbox and approvals."""
     if not CODEX.exists():
         raise RuntimeError(f"{CODEX} is missing: `make test` installs it (npm ci --prefix tests/clients)")
-    args = [str(CODEX), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--json"]
+    args = [str(CODEX), "exec", "--skip-git-repo-check", "--json"]
+    args += ["--dangerously-bypass-approvals-and-sandbox"] if sandbox is None else ["--sandbox", sandbox]
     for feature in disable:
         args += ["--disable", feature]
     if output_schema is not None:
