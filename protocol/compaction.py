@@ -17,7 +17,8 @@ turn (`protocol.responses_conversation`).
   (``image``, ``prompt_cache_options``) are refused when set; unknown ones too.
 - `summary_request` is the generation that writes the summary: the conversation, then
   `SUMMARY_PROMPT` as a last user message, thinking off, at most `SUMMARY_MAX_TOKENS`
-  tokens (or the server's smaller cap).
+  tokens (or the request's output limit, the served default once filled in, or the
+  server's cap, when smaller).
 - `compacted` builds the response object: ``{"id", "object": "response.compaction",
   "created_at", "output", "usage"}``; ``output`` is each user message of the input (as
   ``input_text`` parts, with an id and ``status: completed``) and the compaction item.
@@ -73,7 +74,7 @@ def decode_compact_request(body: Mapping[str, Any], *, reasoning_key: bytes | No
 def summary_request(compact: CompactRequest, cap: int | None = None) -> ResponsesRequest:
     """The request whose answer is the summary (`cap`: the server's output limit)."""
     req = compact.request
-    limit = SUMMARY_MAX_TOKENS if cap is None else min(cap, SUMMARY_MAX_TOKENS)
+    limit = min(n for n in (SUMMARY_MAX_TOKENS, req.sampling.max_output_tokens, cap) if n is not None)
     sampling = replace(req.sampling, max_output_tokens=limit, thinking=False, thinking_budget=None)
     return replace(req, input=req.input + (Message("user", SUMMARY_PROMPT),), sampling=sampling, stream=False,
                    include=(), tools=(), namespaces=())
