@@ -95,14 +95,21 @@ def _widened_mm(x: torch.Tensor, n: int, widen: Callable[[int, int, torch.dtype]
     """x [T, K] fp32 @ W^T, W [n, K] widened to `dtype` by `widen(n0, n1, dtype)` a slice of
     output rows at a time (a bounded temporary); fp32 out."""
     xd = x.to(dtype)
+    mm = _fp32_mm if dtype == torch.float32 and cpu_platform.current().has_gemm("fp32") else F.linear
     step = max(64, _WIDEN_ELEMENTS // x.shape[1] // 64 * 64)
     if step >= n:
-        return F.linear(xd, widen(0, n, dtype)).float()
+        return mm(xd, widen(0, n, dtype)).float()
     y = torch.empty(x.shape[0], n, dtype=dtype)
     for n0 in range(0, n, step):
         n1 = min(n, n0 + step)
-        y[:, n0:n1] = F.linear(xd, widen(n0, n1, dtype))
+        y[:, n0:n1] = mm(xd, widen(n0, n1, dtype))
     return y.float()
+
+
+def _fp32_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T through oneDNN's fp32 GEMM on a plain weight: ~10% faster than MKL's sgemm on
+    AVX2 at prefill sizes (SmolLM2's projections, 1024 rows, measured on the avx2 tier)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
 class Int4Linear(PackedLinear):
