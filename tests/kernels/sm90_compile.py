@@ -149,13 +149,13 @@ def compile_all(quick: bool = False) -> list[dict]:
         const = dict(
             BLOCK_SIZE=16, HEAD_DIM=head_dim_pad, PAD_D=head_dim != head_dim_pad, GROUP_PAD=group_pad,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DECODE=max_q <= 1, NUM_SPLITS=splits,
-            USE_WINDOW=window, UPCAST=False, FP32_DOT=dtype == torch.float32,
+            USE_WINDOW=window, SOFTCAP=False, UPCAST=False, FP32_DOT=dtype == torch.float32,
             stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
         )
         # The runtime marks an int argument divisible by 16 when it is (head_dim 80 is):
         # what lets the masked loads of a padded head stay 16-byte async copies.
         divisible = frozenset({"head_dim"}) if head_dim % 16 == 0 else frozenset()
-        k = _compile(paged_attention_kernel, ptrs, {"qk_scale"}, const, cfg.num_warps, cfg.num_stages, divisible)
+        k = _compile(paged_attention_kernel, ptrs, {"qk_scale", "softcap"}, const, cfg.num_warps, cfg.num_stages, divisible)
         rows.append({
             "kernel": "paged_attention", "dtype": ty, "head_dim": head_dim, "group_pad": group_pad,
             "max_query_len": max_q, "splits": splits, "window": window, **cfg.__dict__,
