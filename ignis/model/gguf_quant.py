@@ -85,3 +85,25 @@ def decode_q8_0(raw: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
     scale = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
     q = np.ascontiguousarray(b[..., 2:34]).view(np.int8)
     return np.ascontiguousarray(q.reshape(n, n_cols)), np.ascontiguousarray(scale)
+
+
+# What the packed CPU forms make of each GGUF tensor type (ignis/model/packed.py): the
+# start-up log names every type a file holds, so none passes unaccounted for.
+_TYPE_FATE = {
+    QT.F32: "kept fp32",
+    QT.F16: "widened from fp16",
+    QT.BF16: "widened from bf16",
+    QT.Q4_0: "int4 exact",
+    QT.Q4_1: "int4 exact",
+    QT.Q4_K: "int4 exact",
+    QT.Q8_0: "int8 (exact in the embedding table)",
+}
+
+
+def describe_types(counts: dict[QT, int]) -> str:
+    """'F32 109 (kept fp32), Q4_K 27 (int4 exact), ...' for a file's tensor types."""
+    parts = []
+    for qtype, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        fate = _TYPE_FATE.get(qtype, "dequantized, then requantized to int8 in the packed forms")
+        parts.append(f"{qtype.name} {n} ({fate})")
+    return ", ".join(parts)
