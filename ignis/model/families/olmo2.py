@@ -13,8 +13,8 @@ from ignis.model.families.base import STANDARD_GGUF, Family, GGUFMeta, gguf_comm
 
 OLMO2_GGUF = {
     **{k: v for k, v in STANDARD_GGUF.items() if k not in ("attn_norm", "ffn_norm")},
-    "attn_post_norm": "post_attention_layernorm",
-    "ffn_post_norm": "post_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 
 
