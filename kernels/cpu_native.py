@@ -88,7 +88,8 @@ def _build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
 def library_path() -> Path:
     """The built library's path for this source, torch and CPU (it may not exist yet)."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _cpu_id().encode(), " ".join(flags()).encode(),
+    sources = b"".join(f.read_bytes() for f in sorted(SOURCE.parent.glob("*.[ch]*")))  # decode.cpp and its headers
+    for part in (sources, torch.__version__.encode(), _cpu_id().encode(), " ".join(flags()).encode(),
                  (_compiler() or "").encode(), sys.platform.encode()):
         key.update(part)
         key.update(b"\0")

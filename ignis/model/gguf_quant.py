@@ -1,13 +1,12 @@
 """GGUF quantized blocks read as integers plus group scales, without dequantizing.
 
-The packed CPU weight forms (ignis/model/packed.py) keep a file's 4-bit weights 4-bit:
-torch's int4 weight-only GEMM computes w = (q - 8) * scale + zero with q in [0, 16) and
-one (scale, zero) per group of 32 along K. llama.cpp's 4-bit blocks all fit that form
-exactly:
+The packed CPU weight forms (ignis/model/packed.py) keep a file's 4-bit weights 4-bit, as
+w = q * scale + offset with q in [0, 16) and one (scale, offset) per group of 32 along K.
+llama.cpp's 4-bit blocks all fit that form exactly (every product below is exact in fp32):
 
-  Q4_0: w = d * (q - 8)              -> scale d,      zero 0
-  Q4_1: w = d * q + m                -> scale d,      zero m + 8 d
-  Q4_K: w = d*sc_j * q - dmin*m_j    -> scale d*sc_j, zero 8 d*sc_j - dmin*m_j  (32-wide sub-blocks)
+  Q4_0: w = d * (q - 8)              -> scale d,      offset -8 d
+  Q4_1: w = d * q + m                -> scale d,      offset m
+  Q4_K: w = d*sc_j * q - dmin*m_j    -> scale d*sc_j, offset -dmin*m_j  (32-wide sub-blocks)
 
 Q8_0 (w = d * q, q int8, 32 per block) is read as int8 values plus per-block scales:
 the embedding table keeps exactly that. Every other type is dequantized by the gguf
@@ -39,20 +38,19 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 def decode_int4(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Raw rows [N, row_bytes] of a Q4_0/Q4_1/Q4_K tensor -> (q uint8 [N, K] in [0, 16),
-    scale float32 [N, K/32], zero float32 [N, K/32]) with w = (q - 8) * scale + zero."""
+    scale float32 [N, K/32], offset float32 [N, K/32]) with w = q * scale + offset."""
     n = raw.shape[0]
     groups = n_cols // GROUP
     if qtype == QT.Q4_0:
         b = raw.reshape(n, groups, 18)
         d = _f16(b[..., 0:2])
         q = _nibbles(b[..., 2:18])
-        zero = np.zeros_like(d)
-        scale = d
+        scale, offset = d, -8 * d
     elif qtype == QT.Q4_1:
         b = raw.reshape(n, groups, 20)
         d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
         q = _nibbles(b[..., 4:20])
-        scale, zero = d, m + 8 * d
+        scale, offset = d, m
     elif qtype == QT.Q4_K:
         nb = n_cols // 256
         b = raw.reshape(n, nb, 144)
@@ -66,15 +64,14 @@ def decode_int4(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np
         mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
         qs = b[..., 16:144].reshape(n, nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
         q = np.stack((qs & 0x0F, qs >> 4), axis=3)  # [n, nb, 4, 2, 32] -> sub-block 2i, 2i+1
-        dsc = d[..., None] * sc.astype(np.float32)
-        scale = dsc
-        zero = 8 * dsc - dmin[..., None] * mn.astype(np.float32)
+        scale = d[..., None] * sc.astype(np.float32)
+        offset = -dmin[..., None] * mn.astype(np.float32)
     else:
         raise ValueError(f"{qtype.name} is not a 4-bit block type")
     return (
         np.ascontiguousarray(q.reshape(n, n_cols)),
         np.ascontiguousarray(scale.reshape(n, groups), dtype=np.float32),
-        np.ascontiguousarray(zero.reshape(n, groups), dtype=np.float32),
+        np.ascontiguousarray(offset.reshape(n, groups), dtype=np.float32),
     )
 
 

@@ -43,6 +43,8 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
         if op.wide.form not in _WIDE_KINDS or getattr(op.wide, "packed", None) is None:
             return None, None
         return _split(op.narrow)[0], op.wide
+    if isinstance(op, Int4Linear) and not op.native:
+        return None, None
     if isinstance(op, Int4Linear | Int8Linear):
         return op, None
     return None, None
@@ -65,7 +67,8 @@ class NativeDecoder:
         self.biases: list[torch.Tensor | None] = []
         for g in gemms:
             if isinstance(g, Int4Linear):
-                self.weights += [g.packed, g.scales_zeros]
+                assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
+                self.weights += [g.nibbles, g.scales_offsets]
             else:
                 assert isinstance(g, Int8Linear)
                 self.weights += [g.weight, g.scale]

@@ -2,10 +2,9 @@
 
 Which form, and which GEMMs each is built from on this machine, is decided by
 ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
-  Int4Linear   torch's int4 weight-only GEMM, one (scale, zero) per 32 inputs: a 4-bit
-               block file's values exactly (Q4_0, Q4_1, Q4_K); beside it the same nibbles
-               in a layout of ours, which wide steps widen (torch's packing is private and
-               differs between CPUs, so it is never read back).
+  Int4Linear   4-bit weights, one (scale, zero) per 32 inputs: a 4-bit block file's values
+               exactly (Q4_0, Q4_1, Q4_K), in a layout of ours, through the native op's int4
+               GEMM (kernels/cpu/int4_gemm.h), or torch's where the op cannot be built.
   Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types, and
                4-bit blocks below the avx512 tier: requantized, a small loss measured in
                RESULTS.md).
@@ -46,7 +45,7 @@ from ignis.model.layers import Linear
 from ignis.model.lm_head import NARROW_ROWS, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
 from ignis.model.weight_plan import WeightPlan
-from kernels import cpu_platform
+from kernels import cpu_native, cpu_platform
 
 log = logging.getLogger(__name__)
 
@@ -107,41 +106,50 @@ def _widened_mm(x: torch.Tensor, n: int, widen: Callable[[int, int, torch.dtype]
 
 
 class Int4Linear(PackedLinear):
-    """torch's CPU int4 weight-only GEMM (group 32, bf16 activations). From WIDEN_ROWS rows
-    the weight is widened to `widen_to` and multiplied densely instead."""
+    """4-bit weights with one (scale, offset) per 32 inputs, w = q * scale + offset, held in a
+    layout of ours: two values a byte (element 2i of a row in the low nibble of byte i, 2i + 1
+    in the high one) and fp32 (scale, offset) pairs [N, K/32, 2] (a 4-bit block file's values
+    exactly). Steps of fewer than WIDEN_ROWS rows go through the native op's int4 GEMM over
+    exactly these (kernels/cpu/int4_gemm.h, fp32 activations) where it is built; elsewhere
+    through torch's int4 weight-only GEMM over a packing of its own, made only then (bf16
+    activations and scales; its layout is private and differs between CPUs, so it is never
+    read back). From WIDEN_ROWS rows the weight is widened and multiplied densely."""
 
     form = "int4"
 
-    def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, bias: torch.Tensor | None,
-                 widen_to: torch.dtype = torch.bfloat16) -> None:
-        k = q.shape[1]
-        self.in_features = k
-        # The packing op takes int32 values in [0, 16); the scales go [K/32, N, 2]. Its
-        # layout is torch's own and differs between CPUs: it is never read back.
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
-        sz = np.stack((scale.T, zero.T), axis=-1)
-        self.scales_zeros = torch.from_numpy(np.ascontiguousarray(sz)).to(torch.bfloat16)
-        # The same values in a layout of ours, for widening: element 2i of a row in the low
-        # nibble of byte i, 2i + 1 in its high nibble.
+    def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16, native: bool | None = None) -> None:
+        self.in_features = q.shape[1]
         self.nibbles = torch.from_numpy(np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8))
+        self.scales_offsets = torch.from_numpy(np.ascontiguousarray(np.stack((scale, offset), axis=-1), dtype=np.float32))
+        self.native = cpu_native.load() if native is None else native
+        self.packed: torch.Tensor | None = None
+        self.torch_scales_zeros: torch.Tensor | None = None
+        if not self.native:  # torch's op: int32 values in [0, 16), (q - 8) * s + z with [K/32, N, 2] bf16 (s, z)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
+            so = self.scales_offsets
+            sz = torch.stack((so[..., 0], so[..., 1] + 8 * so[..., 0]), dim=-1)
+            self.torch_scales_zeros = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
         self.widen_to = widen_to
         self.bias = bias
-        self.nbytes = self.packed.numel() + self.nibbles.numel() + self.scales_zeros.numel() * 2
+        self.nbytes = self.nibbles.numel() + 4 * self.scales_offsets.numel() + (
+            0 if self.packed is None else self.packed.numel() + 2 * self.scales_offsets.numel())
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= WIDEN_ROWS:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
+        if self.packed is None:
+            return torch.ops.ignis_cpu.int4_gemm(x.contiguous(), self.nibbles, self.scales_offsets)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP,
-                                                          self.scales_zeros).float()
+                                                          self.torch_scales_zeros).float()
 
     def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """Rows [n0, n1) of W as `dtype`: (q - 8) * scale + zero in fp32, the int4 GEMM's
-        dequantization, then rounded."""
+        """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
         k = self.in_features
         b = self.nibbles[n0:n1]
         q = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, k // GROUP, GROUP)
-        sz = self.scales_zeros[:, n0:n1].float().transpose(0, 1)  # [rows, K/32, 2]
-        w = (q.float() - 8.0) * sz[..., :1] + sz[..., 1:]
+        so = self.scales_offsets[n0:n1]
+        w = q.float() * so[..., :1] + so[..., 1:]
         return w.view(n1 - n0, k).to(dtype)
 
 
@@ -303,8 +311,8 @@ class _Raw:
         if self.qtype == QT.F32:
             return np.array(self.data, dtype=np.float32).reshape(self.shape)  # a copy: not the memmap
         if self.qtype in INT4_TYPES:  # vectorised here: ~10x faster than the gguf package's
-            q, s, z = decode_int4(self.data, self.qtype, self.shape[1])
-            w = (q.reshape(self.shape[0], -1, GROUP).astype(np.float32) - 8) * s[..., None] + z[..., None]
+            q, s, o = decode_int4(self.data, self.qtype, self.shape[1])
+            w = q.reshape(self.shape[0], -1, GROUP).astype(np.float32) * s[..., None] + o[..., None]
             return w.reshape(self.shape)
         if self.qtype == QT.Q8_0:
             q, s = decode_q8_0(self.data, self.shape[1])
@@ -334,7 +342,10 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
         narrow = _build_linear(parts, None, replace(plan, form="quantized"))
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
     widen_to = torch.bfloat16 if plan.widen_to == "bf16" else torch.float32
-    if plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES for p in parts):
+    rows = sum(p.shape[0] for p in parts)
+    torch_int4 = rows % 16 == 0  # what torch's int4 packing takes, where the native op is not built
+    if plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES for p in parts) and (
+            torch_int4 or cpu_native.load()):
         cols = parts[0].shape[1]
         decoded = [decode_int4(p.data, p.qtype, cols) for p in parts]
         q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))

@@ -8,19 +8,21 @@ The forms (`model.weight_form`, built by ignis/model/packed.py):
              ignis/engine/cpu_weights.py); the reference, and HF checkpoints' form.
   bfloat16   oneDNN's bf16 GEMMs; only where oneDNN has them (AVX512-BW/VL/DQ or
              AVX-NE-CONVERT CPUs).
-  quantized  the file's quantization: 4-bit blocks as torch's int4 GEMM (`int4`) or
-             requantized to its int8 one, other types int8. Steps of WIDEN_ROWS rows or more
-             (prefill chunks) widen each weight to `widen_to` for the step (bf16 for oneDNN's
-             bf16 GEMM where it runs, else fp32).
+  quantized  the file's quantization: 4-bit blocks as int4 GEMMs (`int4`: the native op's,
+             kernels/cpu/int4_gemm.h, or torch's) or requantized to torch's int8 one, other
+             types int8. Steps of WIDEN_ROWS rows or more (prefill chunks) widen each weight
+             to `widen_to` for the step (bf16 for oneDNN's bf16 GEMM where it runs, else fp32).
   mixed      the quantized GEMMs for steps of up to NARROW_ROWS rows beside a kept `wide`
              copy for wider ones: bf16 where oneDNN has it, else fbgemm's fp16 (fp16
              weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
 The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and int8 with
 dynamic-quantized activations for few rows, at 7 bits where the CPU lacks VNNI.
 
-Why int4 only on the avx512 tier: torch's int4 GEMM is as fast as its int8 one there and
-half the bytes, but on AVX2 it is about 2x slower than int8 at one row (SmolLM2's
-projections, experiments/bench_cpu_linear.py; RESULTS.md "Every CPU").
+4-bit blocks stay int4 wherever the native op builds (its int4 GEMM reads ignis's own
+layout on every tier: on AVX-512 as fast as torch's int4 GEMM at one row, on AVX2 about 2x
+faster than torch's and as fast as torch's int8 one; RESULTS.md "Every CPU"). Without it,
+only on the avx512 tier: torch's int4 GEMM is half its int8 one's speed on AVX2, and the
+requantized int8 weights cost ~0.7% perplexity there.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels import cpu_platform
+from kernels import cpu_native, cpu_platform
 from kernels.cpu_platform import CpuPlatform
 
 WEIGHT_FORMS = ("auto", "float32", "bfloat16", "quantized", "mixed")
@@ -66,11 +68,13 @@ def _tier(p: CpuPlatform) -> str:
 
 def plan_weights(
     form: str, *, kind: str, device: torch.device, max_num_seqs: int | None, platform: CpuPlatform | None = None,
+    native: bool | None = None,
 ) -> WeightPlan:
     """model.weight_form -> what to build. `auto`: a GGUF on the CPU keeps its quantization for
     a one-user engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is `mixed` otherwise; HF
     checkpoints and CUDA keep float32. An explicit form this machine cannot run raises
-    UnsupportedWeightForm naming what is missing."""
+    UnsupportedWeightForm naming what is missing. `native`: whether the native op (and its
+    int4 GEMM) is built here; None asks kernels.cpu_native (building it once if needed)."""
     if form not in WEIGHT_FORMS:
         raise ValueError(f"unknown weight form {form!r}; expected one of {WEIGHT_FORMS}")
     if device.type != "cpu":
@@ -102,7 +106,9 @@ def plan_weights(
         )
     if form == "float32":
         return WeightPlan("float32", why=reason)
-    int4 = (p.level == "avx512" and p.has_gemm("int4")) or not p.has_gemm("int8")
+    if native is None:
+        native = cpu_native.load()
+    int4 = native or (p.level == "avx512" and p.has_gemm("int4")) or not p.has_gemm("int8")
     wide = wide_kind(p)
     widen_to = "bf16" if p.has_gemm("bf16") else "fp32"
     head_int8 = p.has_gemm("int8_dynamic")
@@ -110,8 +116,11 @@ def plan_weights(
                       head_full_range=p.int8_dynamic_full_range)
     parts = [f"{form} ({reason}; tier {_tier(p)})"]
     if form in ("quantized", "mixed"):
-        parts.append("4-bit blocks as int4 GEMMs" if int4 else "4-bit blocks requantized to int8 GEMMs"
-                     + (" (torch's int4 GEMM is slower than its int8 one below avx512)" if p.has_gemm("int4") else ""))
+        if int4:
+            parts.append("4-bit blocks as int4 GEMMs (" + ("the native op's" if native else "torch's") + ")")
+        else:
+            parts.append("4-bit blocks requantized to int8 GEMMs (no native op; torch's int4 GEMM is slower "
+                         "than its int8 one below avx512)")
     if form == "quantized":
         parts.append(f"steps of many rows widened to {widen_to}")
     if form in ("mixed", "bfloat16"):

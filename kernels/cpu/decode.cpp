@@ -32,6 +32,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "int4_gemm.h"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
@@ -111,20 +113,23 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
 // The mixed form's kept wide GEMMs (the `wide_kind` argument), and what each takes in.
 enum WideKind : int64_t { kWideBf16 = 0, kWideFp16 = 1, kWideFp32 = 2 };
 
-// The step's GEMMs: y [T, N] = x [T, K] @ W^T by torch's weight-only kernels (`narrow`: per
-// projection (w, s), int4 with s the [K/group, N, 2] scales and zeros, or int8 with s the
-// [N] row scales; bf16 in and out), or by the kept wide copy (`wide`: per projection the
-// packed weight, for steps of more than narrow_rows rows: oneDNN bf16, fbgemm fp16 with
-// fp32 activations, or oneDNN fp32).
+// An fp32 tensor's values as bf16 (round to nearest even), for the kernels that take bf16.
+at::Tensor as_bf16(const at::Tensor& x) {
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  to_bf16(x.data_ptr<float>(), x.numel(), reinterpret_cast<uint16_t*>(y.data_ptr()));
+  return y;
+}
+
+// The step's GEMMs: y [T, N] = x [T, K] @ W^T, x fp32. `narrow`, per projection two
+// tensors: int4 (ignis's own layout: nibbles [N, K/2] and (scale, offset) [N, K/32, 2] fp32,
+// int4_gemm.h; fp32 in and out) or torch's int8 weight-only GEMM (w [N, K] int8, s [N]
+// row scales; bf16 in and out). `wide`, per projection the kept copy for steps of more than
+// narrow_rows rows: oneDNN bf16 (bf16 in and out), fbgemm fp16 or oneDNN fp32 (fp32).
 struct Gemms {
   at::TensorList narrow, wide;
   at::IntArrayRef int4;  // per projection: 1 = int4, 0 = int8 (a file mixes them, e.g. Q4_K_M's Q6_K)
   bool use_wide;
   int64_t wide_kind;
-  int64_t group;
-
-  // Whether this step's GEMMs take fp32 inputs (else bf16).
-  bool fp32_in() const { return use_wide && wide_kind != kWideBf16; }
 
   // Projection `proj` (0 qkv, 1 o, 2 gate_up, 3 down) of `layer`, whose output has n columns.
   at::Tensor operator()(const at::Tensor& x, int64_t layer, int64_t proj, int64_t n) const {
@@ -132,14 +137,20 @@ struct Gemms {
     if (use_wide && wide_kind == kWideFp16) {
       y = at::fbgemm_linear_fp16_weight(x, wide[4 * layer + proj], at::zeros({n}, x.options()));
     } else if (use_wide) {
-      y = onednn_linear(x, wide[4 * layer + proj]);
+      y = onednn_linear(wide_kind == kWideBf16 ? as_bf16(x) : x, wide[4 * layer + proj]);
     } else {
       const at::Tensor& w = narrow[8 * layer + 2 * proj];
       const at::Tensor& s = narrow[8 * layer + 2 * proj + 1];
-      y = int4[4 * layer + proj] ? at::_weight_int4pack_mm_for_cpu(x, w, group, s) : at::_weight_int8pack_mm(x, w, s);
+      if (int4[4 * layer + proj]) {
+        y = at::empty({x.size(0), n}, x.options());
+        int4::gemm({w.data_ptr<uint8_t>(), s.data_ptr<float>(), n, x.size(1)}, x.data_ptr<float>(), x.size(0),
+                   y.data_ptr<float>());
+      } else {
+        y = at::_weight_int8pack_mm(as_bf16(x), w, s);
+      }
     }
-    TORCH_CHECK(y.is_contiguous() && y.scalar_type() == x.scalar_type() && y.size(0) == x.size(0) && y.size(1) == n,
-                "decode_layers: a GEMM's output is not [T, ", n, "] of its input's dtype");
+    TORCH_CHECK(y.is_contiguous() && y.size(0) == x.size(0) && y.size(1) == n, "decode_layers: a GEMM's output is not [T, ", n,
+                "]");
     return y;
   }
 };
@@ -163,11 +174,6 @@ struct Rows {
   }
 };
 
-// Row t of a GEMM input [T, n] (bf16 or fp32) from n floats, rounded as the input holds them.
-inline void store_row(const float* x, int64_t n, at::Tensor& dst, int64_t t) {
-  if (dst.scalar_type() == at::kBFloat16) to_bf16(x, n, reinterpret_cast<uint16_t*>(dst.data_ptr()) + t * n);
-  else std::memcpy(dst.data_ptr<float>() + t * n, x, n * sizeof(float));
-}
 
 struct AttnShape {
   int64_t heads, kv_heads, dim, block_size, blocks_per_row;
@@ -698,10 +704,11 @@ at::Tensor decode_layers(
   at::Tensor x = x_in.clone();
   float* xp = x.data_ptr<float>();
   TORCH_CHECK(wide_kind >= kWideBf16 && wide_kind <= kWideFp32, "decode_layers: unknown wide GEMM kind");
-  const Gemms gemm{weights, wide, int4, wide.size() > 0 && T > narrow_rows, wide_kind, group};
-  const auto in_type = at::TensorOptions().dtype(gemm.fp32_in() ? at::kFloat : at::kBFloat16);
-  // The GEMMs' inputs: normed hidden rows, attention outputs, SiLU(gate) * up.
-  at::Tensor h_in = at::empty({T, H}, in_type), o_in = at::empty({T, Q}, in_type), a_in = at::empty({T, I}, in_type);
+  TORCH_CHECK(group == int4::kGroup, "decode_layers: int4 groups of ", int4::kGroup, " only");
+  const Gemms gemm{weights, wide, int4, wide.size() > 0 && T > narrow_rows, wide_kind};
+  // The GEMMs' fp32 inputs: normed hidden rows, attention outputs, SiLU(gate) * up.
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor h_in = at::empty({T, H}, f32), o_in = at::empty({T, Q}, f32), a_in = at::empty({T, I}, f32);
   std::vector<float> tmp(std::max({H, QKV, I}));  // one row at a time
   std::vector<float> qbuf(T * Q), kbuf(T * KV), vbuf(T * KV), obuf(T * Q), gbuf(2 * I);
   const float* C = cos.data_ptr<float>();
@@ -715,8 +722,7 @@ at::Tensor decode_layers(
   };
   auto norm_in = [&](const at::Tensor& w) {  // rows of x, normed, as the next GEMM's input
     for (int64_t t = 0; t < T; ++t) {
-      rms_norm(xp + t * H, w.data_ptr<float>(), float(eps), H, tmp.data());
-      store_row(tmp.data(), H, h_in, t);
+      rms_norm(xp + t * H, w.data_ptr<float>(), float(eps), H, h_in.data_ptr<float>() + t * H);
     }
     return h_in;
   };
@@ -741,7 +747,7 @@ at::Tensor decode_layers(
     write(kbuf.data(), vbuf.data(), slot, k_caches[l], v_caches[l], T, KV);
     attend_cache(qbuf.data(), k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
                  T, windows[l], shape, obuf.data());
-    for (int64_t t = 0; t < T; ++t) store_row(obuf.data() + t * Q, Q, o_in, t);
+    std::memcpy(o_in.data_ptr<float>(), obuf.data(), T * Q * sizeof(float));
     const Rows oy(gemm(o_in, l, 1, H), bias_of(4 * l + 1));
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < H; ++i) xp[t * H + i] += oy.at(t, i);
@@ -751,10 +757,9 @@ at::Tensor decode_layers(
     for (int64_t t = 0; t < T; ++t) {
       float* r = gbuf.data();
       for (int64_t i = 0; i < 2 * I; ++i) r[i] = gy.at(t, i);
-      float* act = tmp.data();
+      float* act = a_in.data_ptr<float>() + t * I;
 #pragma omp simd
       for (int64_t i = 0; i < I; ++i) act[i] = r[i] / (1.0f + exp_approx(-r[i])) * r[I + i];
-      store_row(act, I, a_in, t);
     }
     const Rows dy(gemm(a_in, l, 3, H), bias_of(4 * l + 3));
     for (int64_t t = 0; t < T; ++t)
@@ -789,6 +794,21 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return o;
 }
 
+// The int4 GEMM alone (int4_gemm.h), for the eager forward: y [T, N] fp32 = x [T, K] fp32 @ W^T.
+at::Tensor int4_gemm_op(const at::Tensor& x, const at::Tensor& q, const at::Tensor& so) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "int4_gemm: x must be contiguous fp32 [T, K]");
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous() && 2 * q.size(1) == x.size(1) &&
+                  x.size(1) % int4::kGroup == 0,
+              "int4_gemm: nibbles must be contiguous uint8 [N, K/2], K a multiple of 32");
+  TORCH_CHECK(so.dim() == 3 && so.scalar_type() == at::kFloat && so.is_contiguous() && so.size(0) == q.size(0) &&
+                  so.size(1) == x.size(1) / int4::kGroup && so.size(2) == 2,
+              "int4_gemm: scales and offsets must be contiguous fp32 [N, K/32, 2]");
+  at::Tensor y = at::empty({x.size(0), q.size(0)}, x.options());
+  int4::gemm({q.data_ptr<uint8_t>(), so.data_ptr<float>(), q.size(0), x.size(1)}, x.data_ptr<float>(), x.size(0),
+             y.data_ptr<float>());
+  return y;
+}
+
 }  // namespace
 
 // Catch-all kernels: the mixed form's oneDNN weights are MkldnnCPU tensors, which would
@@ -798,6 +818,7 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
       "float scale, int window) -> Tensor",
       TORCH_FN(paged_decode_attention));
+  m.def("int4_gemm(Tensor x, Tensor nibbles, Tensor scales_offsets) -> Tensor", TORCH_FN(int4_gemm_op));
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor seq_lens, "
       "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor[] wide, Tensor?[] biases, "

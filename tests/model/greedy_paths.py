@@ -23,15 +23,15 @@ STEPS = 4
 TEXT = Path(__file__).resolve().parents[2] / "experiments" / "perplexity_text.txt"
 
 
-def prompts(tokenizer) -> list[list[int]]:
+def prompts(tokenizer, lengths: tuple[int, ...] = LENGTHS) -> list[list[int]]:
     ids = tokenizer.encode(TEXT.read_text())
-    while len(ids) < max(LENGTHS) + 64:
+    while len(ids) < max(lengths) + 64:
         ids = ids + ids
     # Each prompt starts at its own offset, so that no two share a cached prefix.
-    return [ids[7 * i: 7 * i + n] for i, n in enumerate(LENGTHS)]
+    return [ids[7 * i: 7 * i + n] for i, n in enumerate(lengths)]
 
 
-def run(gguf: str | None, form: str, max_num_seqs: int) -> dict:
+def run(gguf: str | None, form: str, max_num_seqs: int, lengths: tuple[int, ...] = LENGTHS) -> dict:
     from ignis.config import EngineConfig
     from ignis.engine import LLMEngine, SamplingParams
     from ignis.model.loader import load_model
@@ -41,7 +41,7 @@ def run(gguf: str | None, form: str, max_num_seqs: int) -> dict:
     engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,
                                             max_model_len=4096, num_kv_blocks=1024))
     params = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True, top_logprobs=2)
-    batch = prompts(loaded.tokenizer)
+    batch = prompts(loaded.tokenizer, lengths)
     answers = []
     for name, group in [("uncached", [[p] for p in batch]), ("cached", [[p] for p in batch]), ("together", [batch])]:
         for ps in group:
@@ -58,8 +58,9 @@ def main() -> None:
     ap.add_argument("--gguf", default=None, help="a GGUF file (default: the embedded SmolLM2)")
     ap.add_argument("--form", default="auto")
     ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="prompt lengths (tokens)")
     args = ap.parse_args()
-    json.dump(run(args.gguf, args.form, args.max_num_seqs), sys.stdout)
+    json.dump(run(args.gguf, args.form, args.max_num_seqs, tuple(args.lengths)), sys.stdout)
 
 
 if __name__ == "__main__":

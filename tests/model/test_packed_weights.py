@@ -52,9 +52,9 @@ def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> 
 def test_int4_decoder_matches_gguf(qtype: Q) -> None:
     raw = _random_blocks(np.random.default_rng(int(qtype)), 6, 512, qtype)
     want = gguf.quants.dequantize(raw, qtype).reshape(6, 512)
-    q, s, z = decode_int4(raw, qtype, 512)
+    q, s, o = decode_int4(raw, qtype, 512)
     assert q.min() >= 0 and q.max() <= 15
-    got = (q.astype(np.float32) - 8) * np.repeat(s, 32, axis=1) + np.repeat(z, 32, axis=1)
+    got = q.astype(np.float32) * np.repeat(s, 32, axis=1) + np.repeat(o, 32, axis=1)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -68,12 +68,12 @@ def test_q8_decoder_matches_gguf() -> None:
 def test_gemm_ops_match_their_weights() -> None:
     rng = np.random.default_rng(2)
     raw = _random_blocks(rng, 96, 128, Q.Q4_1)
-    q, s, z = decode_int4(raw, Q.Q4_1, 128)
+    q, s, o = decode_int4(raw, Q.Q4_1, 128)
     dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_1).reshape(96, 128))
     bias = torch.randn(96)
     x = torch.randn(5, 128)
     want = x @ dense.t() + bias
-    ops = [Int4Linear(q, s, z, bias), Int8Linear(dense, bias), _wide(dense, bias), Fp32Linear(dense, bias),
+    ops = [Int4Linear(q, s, o, bias), Int4Linear(q, s, o, bias, native=False), Int8Linear(dense, bias), _wide(dense, bias), Fp32Linear(dense, bias),
            Fp32Linear(dense, bias, onednn=False)]
     if cpu_platform.current().has_gemm("fp16") or not cpu_platform.current().has_gemm("bf16"):
         ops.append(Fp16Linear(dense, bias))
@@ -83,34 +83,34 @@ def test_gemm_ops_match_their_weights() -> None:
         # bf16 input and output rounding (and int8's per-row requantization): ~1% of the
         # largest value; fp16 weights ~0.05%, fp32 exact up to summation order
         assert rel_err(got, want) < {"fp32": 1e-5, "fp16": 2e-3}.get(op.form, 2e-2), op.form
-    # Int4 holds the file's values exactly (up to bf16 scales): its dense form is the weight.
-    assert rel_err(Int4Linear(q, s, z, None).dense(), dense) < 1e-2
+    # Int4 holds the file's values exactly: its dense form is the weight.
+    assert rel_err(Int4Linear(q, s, o, None).dense(), dense) < 1e-6
 
 
 @pytest.mark.parametrize("n", [192, 96])
 @pytest.mark.parametrize("widen_to", [torch.bfloat16, torch.float32])
 def test_wide_steps_widen_the_quantized_weight(n: int, widen_to: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """From WIDEN_ROWS rows, Int4Linear and Int8Linear multiply their weight widened for the
-    step densely (bf16, or fp32 where there is no bf16 GEMM). Int4's widening reads its own
-    copy of the nibbles, never torch's packing, and gives the int4 GEMM's own dequantized
-    values (read through the op on an identity), bit for bit on every CPU tier; the same in
-    slices of output rows as whole, for any row count."""
+    step densely (bf16, or fp32 where there is no bf16 GEMM). Int4's widened weight is the
+    file's values, and what its own GEMM multiplies by (read through the op on an identity),
+    bit for bit; the same in slices of output rows as whole, for any row count."""
     import torch.nn.functional as F
 
     from ignis.model import packed
 
     rng = np.random.default_rng(4)
     raw = _random_blocks(rng, n, 128, Q.Q4_1)
-    q, s, z = decode_int4(raw, Q.Q4_1, 128)
+    q, s, o = decode_int4(raw, Q.Q4_1, 128)
     dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_1).reshape(n, 128))
     bias = torch.randn(n)
-    i4, i8 = Int4Linear(q, s, z, bias, widen_to), Int8Linear(dense, bias, widen_to)
+    i4, i8 = Int4Linear(q, s, o, bias, widen_to), Int8Linear(dense, bias, widen_to)
     x = torch.randn(packed.WIDEN_ROWS, 128)
     xd = x.to(widen_to)
-    int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
-    w4 = int4_mm(torch.eye(128, dtype=torch.bfloat16), i4.packed, 32, i4.scales_zeros).t()
-    assert torch.equal(i4.widen(0, n), w4)  # bf16: the op's output is bf16
-    assert torch.equal(i4.widen(0, n, torch.float32).to(torch.bfloat16), w4)
+    torch.testing.assert_close(i4.widen(0, n, torch.float32), dense, rtol=1e-6, atol=1e-7)  # the file's values
+    if i4.native:
+        eye = torch.eye(128)
+        assert torch.equal(torch.ops.ignis_cpu.int4_gemm(eye, i4.nibbles, i4.scales_offsets).t(),
+                           i4.widen(0, n, torch.float32))
     want4 = F.linear(xd, i4.widen(0, n, widen_to)).float() + bias
     w8 = (i8.weight.float() * i8.scale.float()[:, None]).to(widen_to)
     want8 = F.linear(xd, w8).float() + bias
@@ -123,6 +123,25 @@ def test_wide_steps_widen_the_quantized_weight(n: int, widen_to: torch.dtype, mo
     torch.testing.assert_close(i8(x), want8, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 255])
+def test_int4_gemm_is_the_file_weight_times_x(rows: int) -> None:
+    """Steps under WIDEN_ROWS rows: the native int4 GEMM (fp32 activations, every weight row
+    count and row block), and torch's int4 GEMM where the op is not built (bf16 activations
+    and scales: bf16's error)."""
+    rng = np.random.default_rng(rows)
+    for n in (1, 7, 64, 100):
+        raw = _random_blocks(rng, n, 96, Q.Q4_0)
+        q, s, o = decode_int4(raw, Q.Q4_0, 96)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_0).reshape(n, 96)).double()
+        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(n))
+        want = (x.double() @ dense.t()).float()
+        native = Int4Linear(q, s, o, None)
+        if native.native:
+            torch.testing.assert_close(native(x), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+        if n % 16 == 0:  # torch's packing takes row counts that 16 divides
+            assert rel_err(Int4Linear(q, s, o, None, native=False)(x), want) < 2e-2
+
+
 def test_mixed_op_picks_its_gemm_by_rows() -> None:
     """The mixed form's op: the quantized GEMM for steps of at most NARROW_ROWS rows, the
     wide copy above, each with the bias once; both hold the same weight."""
@@ -131,11 +150,11 @@ def test_mixed_op_picks_its_gemm_by_rows() -> None:
 
     rng = np.random.default_rng(3)
     raw = _random_blocks(rng, 96, 128, Q.Q4_1)
-    q, s, z = decode_int4(raw, Q.Q4_1, 128)
+    q, s, o = decode_int4(raw, Q.Q4_1, 128)
     dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_1).reshape(96, 128))
     bias = torch.randn(96)
-    narrow, wide = Int4Linear(q, s, z, bias), _wide(dense, bias)
-    mixed = MixedLinear(Int4Linear(q, s, z, None), _wide(dense), bias)
+    narrow, wide = Int4Linear(q, s, o, bias), _wide(dense, bias)
+    mixed = MixedLinear(Int4Linear(q, s, o, None), _wide(dense), bias)
     assert mixed.form == f"int4+{WIDE}" and mixed.nbytes == narrow.nbytes + wide.nbytes
     for rows, same_as in ((1, narrow), (NARROW_ROWS, narrow), (NARROW_ROWS + 1, wide), (64, wide)):
         x = torch.randn(rows, 128)
@@ -152,12 +171,13 @@ NO_INT = CpuPlatform(level="portable", gemms=frozenset({"fp32"}))
 
 def test_plan_weights_per_machine() -> None:
     """One decision per machine: a Zen 5 (AVX-512, bf16, VNNI) keeps 4-bit blocks as int4
-    and widens to bf16; a Zen 3 (AVX2, no bf16 GEMM, no VNNI) takes int8, fp32 widening,
-    fbgemm fp16 for wide steps and a 7-bit int8 head; without int GEMMs auto is float32."""
+    and widens to bf16; a Zen 3 (AVX2, no bf16 GEMM, no VNNI) takes fp32 widening, fbgemm
+    fp16 for wide steps and a 7-bit int8 head, and int8 GEMMs unless the native op (its int4
+    GEMM) is built; without int GEMMs auto is float32."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
 
-    def plan(form: str, p: CpuPlatform, seqs: int = 1, kind: str = "gguf"):
-        return plan_weights(form, kind=kind, device=cpu, max_num_seqs=seqs, platform=p)
+    def plan(form: str, p: CpuPlatform, seqs: int = 1, kind: str = "gguf", native: bool = False):
+        return plan_weights(form, kind=kind, device=cpu, max_num_seqs=seqs, platform=p, native=native)
 
     assert plan("auto", ZEN5).form == "quantized" and plan("auto", ZEN5, 64).form == "mixed"
     z5 = plan("mixed", ZEN5)
@@ -166,6 +186,8 @@ def test_plan_weights_per_machine() -> None:
     assert (z3.int4, z3.wide, z3.widen_to, z3.head_int8, z3.head_full_range) == (False, "fp16", "fp32", True, False)
     assert plan("auto", ZEN3).form == "quantized" and plan("auto", ZEN3, 64).form == "mixed"
     assert "int8" in plan("auto", ZEN3).why and "avx2" in plan("auto", ZEN3).why
+    # with the native op built, its int4 GEMM serves every tier
+    assert plan("mixed", ZEN3, native=True).int4 and plan("quantized", ZEN3, native=True).int4
     assert plan("auto", NO_INT).form == "float32"
     assert plan("auto", ZEN3, kind="hf").form == "float32"
     assert plan_weights("auto", kind="gguf", device=cuda, max_num_seqs=1).form == "float32"
