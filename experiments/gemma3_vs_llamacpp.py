@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.bench_vs_llamacpp import BIN, LlamaServer, build_llamacpp, post  # noqa: E402
+from experiments.bench_vs_llamacpp import BIN, LlamaServer, build_llamacpp, post
 
 DATA = ROOT / "tests" / "data" / "gemma3_270m_llamacpp.json"
 PROMPTS = [

@@ -220,14 +220,12 @@ def _load_gguf(
     from ignis.model.gguf_loader import config_from_gguf, gguf_family, iter_gguf_weights
     from ignis.model.packed import load_packed_gguf
     from ignis.model.tokenizer import Tokenizer
-    from ignis.model.weight_plan import WeightPlan, plan_weights
+    from ignis.model.weight_plan import plan_weights
 
     reader = gguf.GGUFReader(path)
     fam = gguf_family(reader)
     config = config_from_gguf(reader)
     plan = plan_weights(weight_form, kind="gguf", device=device, max_num_seqs=max_num_seqs)
-    if plan.form != "float32" and not fam.packed_gguf:
-        plan = WeightPlan("float32", why=f"the packed CPU forms do not build {fam.name} files yet: dense float32")
     form = plan.form
     log.info("weight form %s: %s", form, plan.why)
     _log_tensor_types(reader)

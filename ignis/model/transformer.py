@@ -29,9 +29,9 @@ from ignis.model.config import ModelConfig
 from ignis.model.decoder import DecoderLayer
 from ignis.model.families import family
 from ignis.model.families.base import Family
-from ignis.model.kv_cache import KVCache, KVCaches
+from ignis.model.kv_cache import KVCaches
 from ignis.model.layers import Experts, Linear, RMSNorm, empty_param
-from ignis.model.rope import Rope, RotaryEmbedding
+from ignis.model.rope import RotaryEmbedding
 
 __all__ = ["DecoderLayer", "Transformer"]
 
@@ -146,7 +146,7 @@ class Transformer(nn.Module):
         for name, param in self.named_parameters():
             if name not in ("embed_tokens", "lm_head"):
                 targets[name] = param
-        for key, (lin, parts) in self.fused_linears().items():
+        for lin, parts in self.fused_linears().values():
             for part, offset, rows in parts:
                 targets[f"{part}.weight"] = lin.weight[offset : offset + rows]
                 if lin.bias is not None:

@@ -81,9 +81,6 @@ class Family:
     # Whether the native decode op (kernels/cpu/decode.cpp) computes this family's layer:
     # the plain pre-norm block with a dense SwiGLU MLP and nothing else.
     native_decode: bool = False
-    # Whether the packed CPU weight forms (ignis/model/packed.py) build this family's GGUF
-    # files; others load dense (float32) whatever model.weight_form asks.
-    packed_gguf: bool = False
     # The chat template this family stands for, used when a checkpoint ships none
     # (ignis/model/chat_template.py FAMILY_TEMPLATES); None: ChatML.
     chat_template: str | None = None

@@ -12,7 +12,16 @@ import math
 from typing import Any
 
 from ignis.model.config import ModelConfig
-from ignis.model.families.base import STANDARD_GGUF, Family, GGUFMeta, gguf_common, gguf_window, hf_common, hf_window, norm_plus_one
+from ignis.model.families.base import (
+    STANDARD_GGUF,
+    Family,
+    GGUFMeta,
+    gguf_common,
+    gguf_window,
+    hf_common,
+    hf_window,
+    norm_plus_one,
+)
 
 # Where Gemma's four norms sit in GGUF.
 GEMMA_GGUF = {

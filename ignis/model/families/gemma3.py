@@ -12,7 +12,16 @@ import math
 from typing import Any
 
 from ignis.model.config import ModelConfig
-from ignis.model.families.base import Family, GGUFMeta, gguf_common, gguf_window, hf_common, hf_rope, hf_window, norm_plus_one
+from ignis.model.families.base import (
+    Family,
+    GGUFMeta,
+    gguf_common,
+    gguf_window,
+    hf_common,
+    hf_rope,
+    hf_window,
+    norm_plus_one,
+)
 from ignis.model.families.gemma2 import GEMMA_GGUF, gemma_layer_types, gemma_scale
 
 

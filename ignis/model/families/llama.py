@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from ignis.model.config import ModelConfig
-from ignis.model.families.base import Family, GGUFMeta, gguf_common, hf_common, hf_window
+from ignis.model.families.base import (
+    Family,
+    GGUFMeta,
+    gguf_common,
+    hf_common,
+    hf_window,
+)
 
 
 def hf_config(cfg: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
@@ -33,5 +39,5 @@ FAMILY = Family(
     hf_config=hf_config,
     gguf_config=gguf_config,
     gguf_rope_permuted=True,
-    native_decode=True, packed_gguf=True,
+    native_decode=True,
 )

@@ -9,7 +9,16 @@ import re
 from typing import Any
 
 from ignis.model.config import ModelConfig
-from ignis.model.families.base import MOE_GGUF, STANDARD_GGUF, Family, GGUFMeta, gguf_common, gguf_moe, hf_common, hf_window
+from ignis.model.families.base import (
+    MOE_GGUF,
+    STANDARD_GGUF,
+    Family,
+    GGUFMeta,
+    gguf_common,
+    gguf_moe,
+    hf_common,
+    hf_window,
+)
 from ignis.model.families.qwen3_moe import MOE_TP_REFUSAL
 
 _EXPERT = re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.w([123])\.")

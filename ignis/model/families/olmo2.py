@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from ignis.model.config import ModelConfig
-from ignis.model.families.base import STANDARD_GGUF, Family, GGUFMeta, gguf_common, hf_common
+from ignis.model.families.base import (
+    STANDARD_GGUF,
+    Family,
+    GGUFMeta,
+    gguf_common,
+    hf_common,
+)
 
 OLMO2_GGUF = {
     **{k: v for k, v in STANDARD_GGUF.items() if k not in ("attn_norm", "ffn_norm")},

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from ignis.model.config import ModelConfig
-from ignis.model.families.base import Family, GGUFMeta, gguf_common, hf_common, hf_window
+from ignis.model.families.base import (
+    Family,
+    GGUFMeta,
+    gguf_common,
+    hf_common,
+    hf_window,
+)
 
 
 def hf_config(cfg: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
@@ -19,4 +25,4 @@ def gguf_config(meta: GGUFMeta) -> ModelConfig:
     return ModelConfig(**gguf_common(meta, "qwen3"))
 
 
-FAMILY = Family(name="qwen3", hf_config=hf_config, gguf_config=gguf_config, native_decode=True, packed_gguf=True)
+FAMILY = Family(name="qwen3", hf_config=hf_config, gguf_config=gguf_config, native_decode=True)

@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from ignis.model.config import ModelConfig
-from ignis.model.families.base import MOE_GGUF, STANDARD_GGUF, Family, GGUFMeta, gguf_common, gguf_moe, hf_common, hf_window
+from ignis.model.families.base import (
+    MOE_GGUF,
+    STANDARD_GGUF,
+    Family,
+    GGUFMeta,
+    gguf_common,
+    gguf_moe,
+    hf_common,
+    hf_window,
+)
 
 MOE_TP_REFUSAL = "tensor parallelism is not planned for mixtures of experts yet"
 
