@@ -5,7 +5,10 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
   Int4Linear   4-bit weights, one (scale, zero) per 32 inputs: a 4-bit block file's values
                exactly (Q4_0, Q4_1, Q4_K), in a layout of ours, through the native op's int4
                GEMM (kernels/cpu/int4_gemm.h), or torch's where the op cannot be built.
-  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types, and
+  Int4PairLinear  5- to 8-bit blocks (Q5_0, Q5_1, Q5_K, Q8_0) exactly, as two int4 weights
+               (q = 16 hi + lo) through the same native GEMM.
+  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K,
+               whose scales span 16 inputs; F16/BF16/F32; and
                4-bit blocks below the avx512 tier: requantized, a small loss measured in
                RESULTS.md).
   Bf16Linear / Fp16Linear / Fp32Linear   kept wide copies: oneDNN bf16, fbgemm fp16 weights
@@ -41,7 +44,7 @@ from gguf import GGMLQuantizationType as QT
 from ignis.model.config import ModelConfig
 from ignis.model.families import family
 from ignis.model.gguf_loader import ignis_name, rope_heads, unpermute_rope_rows
-from ignis.model.gguf_quant import GROUP, INT4_TYPES, decode_int4, decode_q8_0
+from ignis.model.gguf_quant import GROUP, INT4_TYPES, WIDE_INT_TYPES, decode_int4, decode_q8_0, decode_wide_int
 from ignis.model.layers import Experts, Linear
 from ignis.model.lm_head import NARROW_ROWS, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
@@ -152,6 +155,34 @@ class Int4Linear(PackedLinear):
         so = self.scales_offsets[n0:n1]
         w = q.float() * so[..., :1] + so[..., 1:]
         return w.view(n1 - n0, k).to(dtype)
+
+
+class Int4PairLinear(PackedLinear):
+    """5- to 8-bit block weights (Q5_0, Q5_1, Q5_K, Q8_0: w = q * scale + offset per 32
+    inputs, q < 256) exactly, as two int4 weights over the same input: q = 16 hi + lo, so
+    w = (lo * scale + offset) + hi * (16 scale). Two native int4 GEMMs at small steps (1.5
+    bytes a weight with the scales, against int8's 1 and its per-row requantization); one
+    widened GEMM over their sum from WIDEN_ROWS rows."""
+
+    form = "int4x2"
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        self.in_features = q.shape[1]
+        self.lo = Int4Linear(q & 15, scale, offset, None, widen_to, native=True)
+        self.hi = Int4Linear(q >> 4, 16 * scale, np.zeros_like(offset), None, widen_to, native=True)
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = self.lo.nbytes + self.hi.nbytes
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.lo.nibbles.shape[0], self.widen, self.widen_to)
+        return self.lo._mm(x) + self.hi._mm(x)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype`: the two halves' fp32 values summed, then rounded."""
+        return (self.lo.widen(n0, n1, torch.float32) + self.hi.widen(n0, n1, torch.float32)).to(dtype)
 
 
 class Int8Linear(PackedLinear):
@@ -347,10 +378,12 @@ def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[st
         yield name, _Raw(t, heads)
 
 
-def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan) -> PackedLinear:
-    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight)."""
+def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan, pairs: bool = False) -> PackedLinear:
+    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight). `pairs`: hold
+    5- to 8-bit blocks exactly as int4 pairs (the native decode op takes int4 and int8
+    projections only: models it runs keep int8 for those)."""
     if plan.form == "mixed":
-        narrow = _build_linear(parts, None, replace(plan, form="quantized"))
+        narrow = _build_linear(parts, None, replace(plan, form="quantized"), pairs)
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
     widen_to = torch.bfloat16 if plan.widen_to == "bf16" else torch.float32
     rows = sum(p.shape[0] for p in parts)
@@ -361,6 +394,12 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
         decoded = [decode_int4(p.data, p.qtype, cols) for p in parts]
         q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
         return Int4Linear(q, s, z, bias, widen_to)
+    if pairs and plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES | WIDE_INT_TYPES for p in parts) and (
+            cpu_native.load()):
+        cols = parts[0].shape[-1]
+        decoded = [(decode_int4 if p.qtype in INT4_TYPES else decode_wide_int)(p.data, p.qtype, cols) for p in parts]
+        q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
+        return Int4PairLinear(q, s, z, bias, widen_to)
     if plan.form == "quantized":
         return Int8Linear(_dense(parts), bias, widen_to)
     return wide_linear(_dense(parts), plan.wide, bias)
@@ -395,6 +434,7 @@ class _FusedWeights:
 
     def __init__(self, model: Transformer, plan: WeightPlan, dtype: torch.dtype) -> None:
         self.plan, self.dtype = plan, dtype
+        self.pairs = not model.native_decode_ok  # see _build_linear
         # The experts see few rows each: their narrow GEMMs only (a mixed form's wide copy
         # of every expert would double a mixture's memory for steps they rarely get).
         self.expert_plan = replace(plan, form="quantized") if plan.form == "mixed" else plan
@@ -465,7 +505,7 @@ class _FusedWeights:
             bias = torch.cat([self.biases.pop(f"{p}.bias") for p in parts]).to(self.dtype)
             lin.bias = None  # the op adds it
         done = self.pending.pop(key)
-        op = _build_linear([done[p] for p in parts], bias, self.plan)
+        op = _build_linear([done[p] for p in parts], bias, self.plan, self.pairs)
         lin.linear_op = op
         self._count(op)
 
@@ -477,8 +517,8 @@ class _FusedWeights:
         ops = []
         for e in range(ex.num_experts):
             gate_up = _build_linear([gate.rows(e * inter, (e + 1) * inter), up.rows(e * inter, (e + 1) * inter)],
-                                    None, self.expert_plan)
-            proj = _build_linear([down.rows(e * hidden, (e + 1) * hidden)], None, self.expert_plan)
+                                    None, self.expert_plan, self.pairs)
+            proj = _build_linear([down.rows(e * hidden, (e + 1) * hidden)], None, self.expert_plan, self.pairs)
             ops.append((gate_up, proj))
             self._count(gate_up)
             self._count(proj)

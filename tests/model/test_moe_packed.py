@@ -69,3 +69,37 @@ def test_routed_experts_through_packed_gemms_match_dense() -> None:
     ex.expert_ops = [(lambda t, e=e, f=f: (calls.append(e), f(t))[1], d) for e, (f, d) in enumerate(ops)]
     moe(x[:1])
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1, Q.Q8_0])
+def test_wide_int_blocks_are_held_exactly_as_int4_pairs(qtype: Q) -> None:
+    """Q5_0 / Q5_1 / Q8_0 (and Q5_K, checked on raw blocks below) become two int4 weights
+    whose sum is the file's value; the op's product equals the dequantized weight's."""
+    from kernels import cpu_native
+
+    if not cpu_native.load():
+        pytest.skip("the native int4 GEMM is not built on this machine")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((48, 128)).astype(np.float32)
+    raw = _Raw(SimpleNamespace(tensor_type=qtype, shape=[128, 48], data=gguf.quants.quantize(w, qtype)), None)
+    plan = plan_weights("quantized", kind="gguf", device=torch.device("cpu"), max_num_seqs=1)
+    op = _build_linear([raw], None, plan, pairs=True)
+    exact = torch.from_numpy(gguf.quants.dequantize(raw.data, qtype).reshape(48, 128))
+    assert op.form == "int4x2"
+    assert rel_err(op.widen(0, 48, torch.float32), exact) < 1e-6
+    x = torch.randn(3, 128)
+    assert rel_err(op(x), x @ exact.T) < 1e-5
+    assert _build_linear([raw], None, plan).form == "int8"  # without pairs: the native decode op's int8
+
+
+def test_q5_k_decoder_matches_gguf() -> None:
+    from ignis.model.gguf_quant import decode_wide_int
+
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, (4, 2, 176), dtype=np.uint8)
+    raw[..., 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    raw[..., 2:4] = np.frombuffer(np.float16(0.02).tobytes(), np.uint8)
+    raw = raw.reshape(4, -1)
+    q, s, o = decode_wide_int(raw, Q.Q5_K, 512)
+    got = (q.reshape(4, -1, 32).astype(np.float32) * s[..., None] + o[..., None]).reshape(4, 512)
+    assert np.array_equal(got, gguf.quants.dequantize(raw, Q.Q5_K).reshape(4, 512))
