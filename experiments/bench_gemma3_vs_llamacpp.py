@@ -7,7 +7,7 @@ own), for: batch-1 decode (llama-bench tg64 | 64 tokens of one sequence), 16 con
 (llama-batched-bench -npl 16, 40-token prompts, 32 tokens each | 16 sequences), prefill
 of a 512-token prompt (llama-bench pp512 | one 512-token prompt, max_tokens 1) and
 resident memory after load and a request (llama-server -np 1 -c 4096 | the child after its
-runs, engine.max_num_seqs 16). Rounds alternate the two, and each row reports every
+one-sequence runs: engine.max_num_seqs 1, the quantized form). Rounds alternate the two, and each row reports every
 round: the machine is shared, and only the ratio within a round means much.
 ignis runs model.weight_form auto (quantized at max_num_seqs <= 4, mixed above).
 """
@@ -73,9 +73,10 @@ def child(threads: int) -> None:
             start = time.perf_counter()
             engine.generate([ids], SamplingParams(temperature=0.0, max_tokens=1))
             res["prefill_512"] = 512 / (time.perf_counter() - start)
+            # The one-user engine's memory, as llama-server -np 1's (before the batched model loads).
+            res["rss_mb"] = rss_mb(int(Path("/proc/self/stat").read_text().split()[0]))
         engine.close()
         del engine, loaded
-    res["rss_mb"] = rss_mb(int(Path("/proc/self/stat").read_text().split()[0]))
     print(json.dumps(res))
 
 
