@@ -28,7 +28,7 @@ from torch import nn
 from ignis.model.config import ModelConfig
 from ignis.model.families import family
 from ignis.model.layers import Linear
-from ignis.model.transformer import Transformer
+from ignis.model.transformer import Transformer, WeightCoverage
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the ranks, in place
 
@@ -125,6 +125,7 @@ def build_shard(config: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]
     head = torch.zeros(len(plan.vocab), config.hidden_size, dtype=dtype, device=device)
     own = range(plan.vocab.start, min(plan.vocab.stop, config.vocab_size))
     targets = shard.weight_targets()
+    coverage = WeightCoverage(shard)
     seen: set[str] = set()
     for name, tensor in weights:
         if name == "lm_head.weight" or (name == "embed_tokens.weight" and config.tie_word_embeddings):
@@ -141,9 +142,10 @@ def build_shard(config: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]
             raise ValueError(f"{name}: expected shape {tuple(target.shape)} for rank {rank}, got {tuple(piece.shape)}")
         target.copy_(piece)
         seen.add(name)
-    missing = sorted((set(targets) | {"lm_head.weight"}) - seen)
-    if missing:
-        raise KeyError(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:6]}")
+        coverage.add(name, target)
+    if "lm_head.weight" not in seen:
+        raise KeyError("1 weights missing from the checkpoint, e.g. ['lm_head.weight']")
+    coverage.check()
     shard.lm_head = nn.Parameter(head, requires_grad=False)
     for layer in shard.layers:
         layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj, all_reduce)

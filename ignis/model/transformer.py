@@ -33,7 +33,7 @@ from ignis.model.kv_cache import KVCaches
 from ignis.model.layers import Experts, Linear, RMSNorm, empty_param
 from ignis.model.rope import RotaryEmbedding
 
-__all__ = ["DecoderLayer", "Transformer"]
+__all__ = ["DecoderLayer", "Transformer", "WeightCoverage"]
 
 
 class Transformer(nn.Module):
@@ -170,8 +170,7 @@ class Transformer(nn.Module):
         dtype and device on the way. Raises on an unknown name, a shape mismatch, or a
         parameter the checkpoint left (partly) unset."""
         targets = self.weight_targets()
-        owner = {id(p): n for n, p in self.named_parameters()}
-        written: dict[str, int] = {}
+        coverage = WeightCoverage(self)
         seen: set[str] = set()
         for name, tensor in weights:
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
@@ -185,10 +184,28 @@ class Transformer(nn.Module):
                 raise ValueError(f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
             target.copy_(tensor)
             seen.add(name)
-            base = target._base if target._base is not None else target
-            key = owner.get(id(base), name)
-            written[key] = written.get(key, 0) + target.numel()
-        # Every parameter must be written whole, by itself or by its parts.
-        missing = sorted(n for n, p in self.named_parameters() if written.get(n, 0) < p.numel())
+            coverage.add(name, target)
+        coverage.check()
+
+
+class WeightCoverage:
+    """Which parameters a checkpoint has filled, element by element: a fused projection is
+    filled whole or by its parts, experts one by one or stacked, so what counts is that
+    every parameter was written all over (weight_targets' views say where)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.owner = {id(p): n for n, p in model.named_parameters()}
+        self.sizes = {n: p.numel() for n, p in model.named_parameters()}
+        self.written: dict[str, int] = {}
+
+    def add(self, name: str, target: torch.Tensor) -> None:
+        base = target._base if target._base is not None else target
+        key = self.owner.get(id(base), name)
+        self.written[key] = self.written.get(key, 0) + target.numel()
+
+    def check(self, skip: Iterable[str] = ()) -> None:
+        """KeyError naming the parameters left (partly) unset; `skip`: parameters filled otherwise."""
+        skipped = set(skip)
+        missing = sorted(n for n, size in self.sizes.items() if n not in skipped and self.written.get(n, 0) < size)
         if missing:
             raise KeyError(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:6]}")

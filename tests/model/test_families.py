@@ -248,3 +248,28 @@ def test_packed_cpu_forms_match_float32(built: dict[str, dict[str, Any]], name: 
         tol = 0.15 if dense.config.norm_layout == "sandwich" else 5e-2
         assert rows[-1] < tol, (form, rows[-1])
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.75
+
+
+def test_tensor_parallel_cuts_fused_checkpoint_projections(built: dict[str, dict[str, Any]]) -> None:
+    """Phi-3 stores q|k|v and gate|up fused: each rank's shard holds exactly the rows the
+    unfused plan gives it (its q heads, its kv heads, its intermediate rows), and families
+    without a plan are refused with the reason."""
+    from ignis.model.sharding import build_shard, plan_shard
+
+    case = built["phi3"]
+    config = read_hf_config(case["path"])
+    full = _ignis_hf(case)
+    c, d = config, config.head_dim
+    for rank in range(2):
+        shard = build_shard(config, iter_hf_weights(case["path"], config), rank, 2, lambda t: t,
+                            dtype=torch.float32, device="cpu")
+        plan = shard.tp_plan
+        q, k, v = full.layers[0].self_attn.qkv_proj.weight.split((c.q_size, c.kv_size, c.kv_size))
+        want = torch.cat([t[h.start * d : h.stop * d] for t, h in ((q, plan.q_heads), (k, plan.kv_heads),
+                                                                  (v, plan.kv_heads))])
+        assert torch.equal(shard.layers[0].self_attn.qkv_proj.weight, want)
+        gate, up = full.layers[0].mlp.gate_up_proj.weight.chunk(2)
+        i = plan.intermediate
+        assert torch.equal(shard.layers[0].mlp.gate_up_proj.weight, torch.cat((gate[i.start : i.stop], up[i.start : i.stop])))
+    with pytest.raises(ValueError, match="OLMo 2 normalises q and k"):
+        plan_shard(read_hf_config(built["olmo2"]["path"]), 0, 2)
