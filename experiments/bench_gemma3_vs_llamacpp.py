@@ -24,8 +24,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from experiments.bench_vs_llamacpp import BIN, LlamaServer, build_llamacpp, llama_batched, llama_bench_tg, post, rss_mb  # noqa: E402
-from experiments.gemma3_vs_llamacpp import gemma_file  # noqa: E402
+from experiments.bench_vs_llamacpp import (
+    BIN,
+    LlamaServer,
+    build_llamacpp,
+    llama_batched,
+    llama_bench_tg,
+    post,
+    rss_mb,
+)
+from experiments.gemma3_vs_llamacpp import gemma_file
 
 
 def llama_bench_pp(gguf: Path, threads: int, n: int) -> float:
