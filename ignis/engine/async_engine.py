@@ -175,6 +175,7 @@ class AsyncEngine:
             # regions, -20-30% tokens/s on 2 cores).
             release_thread_pool()
         engine.watch_failures(self._runner_failed)
+        engine.on_wake = self._wake
         self._thread = threading.Thread(target=self._run, name="ignis-engine", daemon=True)
         self._thread.start()
 
@@ -285,6 +286,11 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return not self._dead and self._failure is None and self._thread.is_alive()
 
+    def _wake(self) -> None:
+        """From a grammar mask fill's thread: a sequence may be able to run again."""
+        with self._cv:
+            self._cv.notify()
+
     def _runner_failed(self, message: str) -> None:
         """From the runner's watcher: wake the core thread, which then stops (see _run)."""
         with self._cv:
@@ -368,9 +374,13 @@ class AsyncEngine:
                 torch.cuda.set_device(device)
             while True:
                 with self._cv:
-                    while (not self._commands and not self._stopping and self._failure is None
-                           and not engine.has_unfinished_requests()):
-                        self._cv.wait()
+                    while not self._commands and not self._stopping and self._failure is None:
+                        pause = engine.pause()  # (a grammar mask's end wakes us: _wake)
+                        if pause <= 0:
+                            break
+                        self._cv.wait(None if pause == float("inf") else pause)
+                        if pause != float("inf"):
+                            break  # a poll: step again (a deadline, a mask timeout)
                     commands, self._commands = self._commands, []
                     stopping = self._stopping
                     if self._failure is not None:

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ignis.engine.block_manager import BlockManager
+from ignis.engine.grammar_masks import blocked
 from ignis.engine.sequence import Sequence, Status
 
 
@@ -51,6 +52,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.grammar is not None and blocked(seq.grammar):
+                i += 1  # waits for its grammar mask (ignis/engine/grammar_masks.py)
+                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.grow(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()  # the latest admitted
