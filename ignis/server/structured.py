@@ -27,17 +27,21 @@ What is constrained (ignis/engine/grammar.py enforces it, from the first output 
   ``max_tokens`` on that text, after which the closing tag is the only choice.
 
 A grammar the engine cannot compile is the client's: 400 with llguidance's message at
-the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). Stop strings
-and ``min_tokens`` cannot be combined with a grammar (400 at ``stop`` / ``min_tokens``).
+the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). The whole
+grammar is compiled once; only when that fails is each part compiled alone, to say
+which one is at fault. Stop strings and ``min_tokens`` cannot be combined with a
+grammar (400 at ``stop`` / ``min_tokens``). The size, depth and cycle limits of every
+part were checked before (ignis/server/grammar_bounds.py, called by prepare.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
+from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, bounded_message, ll_tokenizer
 from ignis.engine.thinking import ThinkBudget
 from ignis.output_parser import ParserConfig
 from ignis.server.freeform import FreeformError, json_string_rule, regex_literal
@@ -57,6 +61,9 @@ def _with_options(schema: Mapping[str, Any], strict: bool) -> dict[str, Any]:
     """The schema with the engine's JSON layout (and leniency for non-strict schemas)."""
     options = dict(JSON_OPTIONS, lenient=not strict)
     return {**schema, "x-guidance": options}
+
+
+Checks = list[Callable[[], None]]  # a part compiled alone: raises its Refusal when it fails
 
 
 def _check(schema: Mapping[str, Any], strict: bool, tokenizer: Any, *, owner: str, param: str, code: str) -> None:
@@ -94,7 +101,7 @@ def _refuse_with_grammar(sampling: SamplingFields) -> None:
 
 
 def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: Any, lt: Any,
-                tool_param: Callable[[str], str]) -> list[str]:
+                tool_param: Callable[[str], str], checks: Checks) -> list[str]:
     """Rules for one tool call block, ``call``: ``<tool_call>\\n{"name": "NAME",
     "arguments": ARGS}\\n</tool_call>`` as the Hermes block in the system prompt teaches
     it, ARGS the tool's schema (strict) or any JSON object; ``call_body`` is what follows
@@ -105,10 +112,10 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
         name = _lit(json.dumps(tool.name, ensure_ascii=False))
         if tool.is_custom:
             rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
-            rules.append(f"input_{k}: {_custom_input(tool, lt)}")
+            rules.append(f"input_{k}: {_custom_input(tool, lt, checks)}")
         elif tool.strict and tool.parameters:
-            _check(tool.parameters, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
-                   code="invalid_function_parameters")
+            checks.append(partial(_check, tool.parameters, True, lt, owner=f"function '{tool.name}'",
+                                  param=tool_param(tool.name), code="invalid_function_parameters"))
             rules.append(f"args_{k}: {_json(tool.parameters, True)}")
         else:  # any JSON object: one rule for all such tools (a grammar's symbols are bounded)
             plain.append(name)
@@ -124,7 +131,18 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
     return rules
 
 
-def _custom_input(tool: FunctionTool, lt: Any) -> str:
+def _check_custom(tool: FunctionTool, lt: Any, where: str) -> None:
+    fmt = tool.format
+    assert fmt is not None
+    try:
+        own = Grammar.lark(fmt.definition or "") if fmt.syntax == "lark" else Grammar.regex(fmt.definition or "")
+        own.check(lt)
+    except (GrammarError, ValueError) as exc:
+        raise Refusal(f"Invalid grammar for custom tool '{tool.name}': {bounded_message(str(exc))}", param=where,
+                      code="invalid_value") from None
+
+
+def _custom_input(tool: FunctionTool, lt: Any, checks: Checks) -> str:
     """The rule body of a custom tool's input (a JSON string its format accepts). A
     grammar llguidance rejects, or one that cannot be held inside a JSON string, is the
     client's: 400 at its definition."""
@@ -132,17 +150,12 @@ def _custom_input(tool: FunctionTool, lt: Any) -> str:
     assert fmt is not None
     where = f"{tool.where or 'tools'}.format.definition"
     if fmt.syntax is not None:
-        try:
-            own = Grammar.lark(fmt.definition or "") if fmt.syntax == "lark" else Grammar.regex(fmt.definition or "")
-            own.check(lt)
-        except (GrammarError, ValueError) as exc:
-            raise Refusal(f"Invalid grammar for custom tool '{tool.name}': {exc}", param=where,
-                          code="invalid_value") from None
+        checks.append(partial(_check_custom, tool, lt, where))
     try:
         return json_string_rule(fmt.syntax, fmt.definition)
     except FreeformError as exc:
-        raise Refusal(f"Unsupported grammar for custom tool '{tool.name}': {exc}", param=where,
-                      code="invalid_value") from None
+        raise Refusal(f"Unsupported grammar for custom tool '{tool.name}': {bounded_message(str(exc))}",
+                      param=where, code="invalid_value") from None
 
 
 def _think(parser: ParserConfig, tokenizer: Any, body: str, budget: ThinkBudget | None) -> list[str]:
@@ -217,15 +230,17 @@ def output_grammar(
     lt = ll_tokenizer(tokenizer, vocab_size)
     rules: list[str] = []
     alternatives: list[str] = []
+    checks: Checks = []
     if answer_json is not None:
         strict_format = bool(text_format.strict)
         where = f"{format_param}.schema" if text_format.type == "json_schema" else format_param
-        _check(answer_json, strict_format, lt, owner=f"response_format '{text_format.name or 'json_object'}'",
-               param=where, code="invalid_json_schema")
+        checks.append(partial(_check, answer_json, strict_format, lt,
+                              owner=f"response_format '{text_format.name or 'json_object'}'", param=where,
+                              code="invalid_json_schema"))
         rules.append(f"answer: {_json(answer_json, strict_format)}")
         alternatives.append("answer")
     if callable_tools:
-        rules += _call_rules(callable_tools, parser, tokenizer, lt, tool_param)
+        rules += _call_rules(callable_tools, parser, tokenizer, lt, tool_param, checks)
     if mode == "lazy":
         body, lazy_rules = _lazy_calls(parser, tokenizer, parallel)
         rules += lazy_rules
@@ -236,7 +251,10 @@ def output_grammar(
         body = " | ".join(alternatives)
     grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body, think_budget), *rules, "WS: /[ \\t\\r\\n]+/"]))
     try:
-        return grammar.prepared(lt)  # its matcher built here, in the worker thread
-    except GrammarError as exc:  # each schema compiled alone above: a tag or name the grammar cannot hold
+        return grammar.prepared(lt)  # its matcher built here (a compile thread; the caller waits)
+    except GrammarError as exc:
+        for check in checks:  # which part is at fault: each alone (raises its Refusal)
+            check()
+        # Every part compiles alone: a tag or name the grammar cannot hold.
         raise Refusal(f"The output grammar for this request does not compile: {exc}", param=None,
                       code="invalid_value") from None
