@@ -159,6 +159,7 @@ class AsyncEngine:
         self._cv = threading.Condition()
         self._commands: list[_Add | _Abort] = []
         self._stopping = False
+        self._kicked = False  # a grammar mask fill ended (see _wake)
         self._dead = False
         self._failure: str | None = None  # the runner failed between steps (a worker exited)
         self.error: BaseException | None = None  # what killed the core thread
@@ -289,6 +290,7 @@ class AsyncEngine:
     def _wake(self) -> None:
         """From a grammar mask fill's thread: a sequence may be able to run again."""
         with self._cv:
+            self._kicked = True
             self._cv.notify()
 
     def _runner_failed(self, message: str) -> None:
@@ -375,12 +377,15 @@ class AsyncEngine:
             while True:
                 with self._cv:
                     while not self._commands and not self._stopping and self._failure is None:
-                        pause = engine.pause()  # (a grammar mask's end wakes us: _wake)
+                        if self._kicked:  # a grammar mask ended since the last step
+                            break
+                        pause = engine.pause()
                         if pause <= 0:
                             break
                         self._cv.wait(None if pause == float("inf") else pause)
                         if pause != float("inf"):
                             break  # a poll: step again (a deadline, a mask timeout)
+                    self._kicked = False
                     commands, self._commands = self._commands, []
                     stopping = self._stopping
                     if self._failure is not None:

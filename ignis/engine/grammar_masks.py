@@ -46,21 +46,33 @@ class MaskFill:
     """One state's bitmask for the token after `position` output tokens: row `row` of
     `rows`, written by `future`."""
 
-    future: Future[None]
+    future: Future[float]  # its result: the seconds llguidance took
     rows: np.ndarray
     row: int
     position: int
     started: float
-    took: float | None = None  # seconds, once filled
 
     @property
     def done(self) -> bool:
         return self.future.done()
 
+    @property
+    def took(self) -> float | None:
+        """Seconds the fill took (None: not done, or it failed)."""
+        if not self.future.done() or self.future.exception() is not None:
+            return None
+        return self.future.result()
+
     def mask(self) -> np.ndarray:
         """The filled row (raises what the fill raised)."""
         self.future.result()
         return self.rows[self.row]
+
+
+def _timed_fill(states: list[GrammarState], rows: np.ndarray) -> float:
+    started = time.perf_counter()
+    fill_masks(states, rows)
+    return time.perf_counter() - started
 
 
 def _current(state: GrammarState) -> MaskFill | None:
@@ -102,20 +114,12 @@ class MaskFiller:
 
     def _launch(self, pool: BigStackPool, states: list[GrammarState], now: float) -> None:
         rows = np.zeros((len(states), max(s.mask_words for s in states)), dtype=np.int32)
-        future = pool.submit(fill_masks, states, rows)
-        fills = [MaskFill(future, rows, k, s.num_tokens, now) for k, s in enumerate(states)]
-        for s, f in zip(states, fills):
-            s.fill = f
-        wake = self.wake
-
-        def filled(_: Future[None]) -> None:
-            took = time.monotonic() - now
-            for f in fills:
-                f.took = took
-            if wake is not None:
-                wake()
-
-        future.add_done_callback(filled)
+        future = pool.submit(_timed_fill, states, rows)
+        for k, s in enumerate(states):
+            s.fill = MaskFill(future, rows, k, s.num_tokens, now)
+        if self.wake is not None:
+            wake = self.wake
+            future.add_done_callback(lambda _: wake())
 
     def ready(self, states: list[GrammarState], wait: float | None) -> list[bool]:
         """Whether each state's mask for its position is filled, after waiting at most `wait`

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # A step waits for its grammar masks at least this long after the forward (and at most
 # as long as the forward took, when that is longer): a slow mask defers its row only.
-MASK_WAIT_MIN_S = 0.002
+MASK_WAIT_MIN_S = 0.005
 
 
 class _CpuKvWriter:

@@ -23,15 +23,18 @@ What is constrained (ignis/engine/grammar.py enforces it, from the first output 
   (a grammar cannot honour them; a JSON format, or a demanded call with a strict or
   custom tool, refuses them).
 - A reasoning template: an optional think block first (or the rest of the block the
-  prompt opened), free text up to the first closing tag; a thinking budget is a
+  prompt opened; none when the request turns thinking off), free text up to the first
+  closing tag; a thinking budget is a
   ``max_tokens`` on that text, after which the closing tag is the only choice.
 
 A grammar the engine cannot compile is the client's: 400 with llguidance's message at
 the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). The whole
 grammar is compiled once; only when that fails is each part compiled alone, to say
 which one is at fault. Stop strings and ``min_tokens`` cannot be combined with a
-grammar (400 at ``stop`` / ``min_tokens``). The size, depth and cycle limits of every
-part were checked before (ignis/server/grammar_bounds.py, called by prepare.py).
+grammar (400 at ``stop`` / ``min_tokens``). A custom tool's own grammar is compiled
+alone first as well: its JSON-escaped form reads it more leniently than llguidance
+does. The size, depth and cycle limits of every part were checked before
+(ignis/server/grammar_bounds.py, called by prepare.py).
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
         name = _lit(json.dumps(tool.name, ensure_ascii=False))
         if tool.is_custom:
             rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
-            rules.append(f"input_{k}: {_custom_input(tool, lt, checks)}")
+            rules.append(f"input_{k}: {_custom_input(tool, lt)}")
         elif tool.strict and tool.parameters:
             checks.append(partial(_check, tool.parameters, True, lt, owner=f"function '{tool.name}'",
                                   param=tool_param(tool.name), code="invalid_function_parameters"))
@@ -142,15 +145,15 @@ def _check_custom(tool: FunctionTool, lt: Any, where: str) -> None:
                       code="invalid_value") from None
 
 
-def _custom_input(tool: FunctionTool, lt: Any, checks: Checks) -> str:
+def _custom_input(tool: FunctionTool, lt: Any) -> str:
     """The rule body of a custom tool's input (a JSON string its format accepts). A
     grammar llguidance rejects, or one that cannot be held inside a JSON string, is the
     client's: 400 at its definition."""
     fmt = tool.format
     assert fmt is not None
     where = f"{tool.where or 'tools'}.format.definition"
-    if fmt.syntax is not None:
-        checks.append(partial(_check_custom, tool, lt, where))
+    if fmt.syntax is not None:  # as llguidance reads it (the JSON-escaped form below reads more leniently)
+        _check_custom(tool, lt, where)
     try:
         return json_string_rule(fmt.syntax, fmt.definition)
     except FreeformError as exc:
@@ -158,10 +161,12 @@ def _custom_input(tool: FunctionTool, lt: Any, checks: Checks) -> str:
                       param=where, code="invalid_value") from None
 
 
-def _think(parser: ParserConfig, tokenizer: Any, body: str, budget: ThinkBudget | None) -> list[str]:
+def _think(parser: ParserConfig, tokenizer: Any, body: str, budget: ThinkBudget | None,
+           thinking: bool | None = None) -> list[str]:
     """``start``: the answer `body`, after an optional think block (or the rest of the one
-    the prompt opened) when the template reasons; at most `budget.tokens` tokens in it."""
-    if not parser.reasoning:
+    the prompt opened) when the template reasons and the request did not turn thinking
+    off; at most `budget.tokens` tokens in it."""
+    if not parser.reasoning or (thinking is False and not parser.starts_in_reasoning):
         return [f"start: {body}"]
     end = _tag(parser.think_end, tokenizer)
     if budget is not None:  # (a budget implies the closing tag is one token)
@@ -249,7 +254,7 @@ def output_grammar(
             rules.append("calls: call (WS? call)*" if parallel else "calls: call")
             alternatives.append("calls")
         body = " | ".join(alternatives)
-    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body, think_budget), *rules, "WS: /[ \\t\\r\\n]+/"]))
+    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body, think_budget, sampling.thinking), *rules, "WS: /[ \\t\\r\\n]+/"]))
     try:
         return grammar.prepared(lt)  # its matcher built here (a compile thread; the caller waits)
     except GrammarError as exc:
