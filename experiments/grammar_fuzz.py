@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx2 as httpx
 import jsonschema
@@ -75,8 +75,8 @@ class Served:
                      f"server.port={self.port}", "server.access_log=true", *overrides]
         self.env = env
 
-    def __enter__(self) -> Served:
-        self._out = open(self.log, "w")  # noqa: SIM115 - closed in __exit__
+    def __enter__(self) -> Self:
+        self._out = open(self.log, "w")  # closed in __exit__
         self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._out, stderr=subprocess.STDOUT)
         end = time.monotonic() + 180
         while True:
@@ -483,81 +483,84 @@ class Report:
 
 
 def run(cases: int, *, seed: str = "0", workers: int = 2, timeout: float = 120.0, only: int | None = None,
-        log: Path | None = None, progress: bool = False) -> Report:
+        log: Path | None = None, progress: bool = False, server: Served | None = None) -> Report:
+    """Send the cases (to `server`, else to a server started for the run) and judge them."""
+    if server is None:
+        with Served(log=log or Path(tempfile.mkdtemp(prefix="grammar-fuzz-")) / "server.log") as started_server:
+            return run(cases, seed=seed, workers=workers, timeout=timeout, only=only, progress=progress,
+                       server=started_server)
     report = Report()
-    log = log or Path(tempfile.mkdtemp(prefix="grammar-fuzz-")) / "server.log"
     indices = [only] if only is not None else list(range(cases))
     lock = threading.Lock()
     started = time.monotonic()
-    with Served(log=log) as server:
-        todo = iter(indices)
+    todo = iter(indices)
 
-        def worker() -> None:
-            with httpx.Client(base_url=server.base, timeout=timeout) as client:
-                while True:
-                    with lock:
-                        if report.failures and not server.alive():
-                            return
-                        k = next(todo, None)
-                    if k is None:
+    def worker() -> None:
+        with httpx.Client(base_url=server.base, timeout=timeout) as client:
+            while True:
+                with lock:
+                    if report.failures and not server.alive():
                         return
-                    case = generate(k, seed)
-                    t0 = time.monotonic()
-                    problem = None
+                    k = next(todo, None)
+                if k is None:
+                    return
+                case = generate(k, seed)
+                t0 = time.monotonic()
+                problem = None
+                try:
+                    r = client.post(case.path, content=json.dumps(case.body), headers={
+                        "Content-Type": "application/json"})
+                    status = r.status_code
                     try:
-                        r = client.post(case.path, content=json.dumps(case.body), headers={
-                            "Content-Type": "application/json"})
-                        status = r.status_code
-                        try:
-                            payload = r.json()
-                        except ValueError:
-                            payload = r.text
-                        try:
-                            problem = judge(case, status, payload)
-                        except Exception as exc:  # noqa: BLE001 - the checker's own fault, reported
-                            problem = f"the checker failed: {exc!r}"
-                        outcome = (payload.get("status") or payload.get("object") if status == 200
-                                   and isinstance(payload, dict) else str(status))
-                    except httpx.TimeoutException:
-                        status, outcome, problem = 0, "hang", f"no answer within {timeout:g} s"
-                    except httpx.HTTPError as exc:
-                        status, outcome = 0, "died"
-                        problem = f"{type(exc).__name__}: {exc}; server alive: {server.alive()}"
-                    took = time.monotonic() - t0
-                    with lock:
-                        report.cases += 1
-                        report.statuses[status] += 1
-                        report.outcomes[outcome] += 1
-                        report.kinds[case.kind.split("_")[0] + ":" + case.kind.split("_", 1)[-1].split("_")[0]] += 1
-                        if took > report.slowest[0]:
-                            report.slowest = (took, f"#{k} {case.kind}")
-                        report.unchecked += bool(case.notes.get("unchecked"))
-                        if outcome == "failed" and isinstance(payload, dict):
-                            error = (payload.get("error") or {}).get("message", "")
-                            report.failed[f"{case.kind}: {error[:90]}"] += 1
-                        if problem is not None:
-                            report.failures.append(f"#{k} {case.kind}: {problem}")
-                        if progress and report.cases % 500 == 0:
-                            print(f"{report.cases} cases, {len(report.failures)} failures, "
-                                  f"{time.monotonic() - started:.0f} s", flush=True)
-                    if problem is not None and not server.alive():
-                        return
+                        payload = r.json()
+                    except ValueError:
+                        payload = r.text
+                    try:
+                        problem = judge(case, status, payload)
+                    except Exception as exc:  # noqa: BLE001 - the checker's own fault, reported
+                        problem = f"the checker failed: {exc!r}"
+                    outcome = (payload.get("status") or payload.get("object") if status == 200
+                               and isinstance(payload, dict) else str(status))
+                except httpx.TimeoutException:
+                    status, outcome, problem = 0, "hang", f"no answer within {timeout:g} s"
+                except httpx.HTTPError as exc:
+                    status, outcome = 0, "died"
+                    problem = f"{type(exc).__name__}: {exc}; server alive: {server.alive()}"
+                took = time.monotonic() - t0
+                with lock:
+                    report.cases += 1
+                    report.statuses[status] += 1
+                    report.outcomes[outcome] += 1
+                    report.kinds[case.kind.split("_")[0] + ":" + case.kind.split("_", 1)[-1].split("_")[0]] += 1
+                    if took > report.slowest[0]:
+                        report.slowest = (took, f"#{k} {case.kind}")
+                    report.unchecked += bool(case.notes.get("unchecked"))
+                    if outcome == "failed" and isinstance(payload, dict):
+                        error = (payload.get("error") or {}).get("message", "")
+                        report.failed[f"{case.kind}: {error[:90]}"] += 1
+                    if problem is not None:
+                        report.failures.append(f"#{k} {case.kind}: {problem}")
+                    if progress and report.cases % 500 == 0:
+                        print(f"{report.cases} cases, {len(report.failures)} failures, "
+                              f"{time.monotonic() - started:.0f} s", flush=True)
+                if problem is not None and not server.alive():
+                    return
 
-        threads = [threading.Thread(target=worker) for _ in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if not server.alive():
-            report.failures.append(f"the server died (exit {server.proc.returncode})")
-        else:
-            try:
-                if httpx.get(server.base + "/health", timeout=10).status_code != 200:
-                    report.failures.append("the server is unhealthy after the run")
-            except httpx.HTTPError as exc:
-                report.failures.append(f"the server does not answer after the run: {exc}")
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not server.alive():
+        report.failures.append(f"the server died (exit {server.proc.returncode})")
+    else:
+        try:
+            if httpx.get(server.base + "/health", timeout=10).status_code != 200:
+                report.failures.append("the server is unhealthy after the run")
+        except httpx.HTTPError as exc:
+            report.failures.append(f"the server does not answer after the run: {exc}")
     report.seconds = time.monotonic() - started
-    lines = log.read_text(errors="replace").splitlines()
+    lines = server.log.read_text(errors="replace").splitlines()
     report.log_lines = len(lines)
     report.longest_log_line = max((len(ln) for ln in lines), default=0)
     if report.longest_log_line > LOG_LINE_LIMIT:
