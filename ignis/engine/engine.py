@@ -212,10 +212,12 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
         )
+        budget_ms = getattr(cfg, "step_time_budget_ms", None)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
+            step_time_budget=budget_ms / 1000 if budget_ms else None,
         )
         spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,
@@ -339,12 +341,15 @@ class LLMEngine:
         self.stalled = not batch.seqs and bool(self.seqs)
         if not batch.seqs:
             return outputs
+        started = time.perf_counter()
         try:
             result = self.runner.execute(batch)
         except FatalRunnerError:
             raise  # no request alone caused it: the engine cannot go on
         except Exception as exc:
             result = self._execute_alone(batch, exc)
+        else:
+            self.scheduler.observe(time.perf_counter() - started, batch)
         self.num_steps += 1
         self._postprocess(batch, result, outputs)
         self.heap.computed(sum(batch.num_new_tokens))

@@ -173,7 +173,7 @@ def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenize
 class GrammarState:
     """One sequence's matcher. Not thread-safe: the engine's thread alone uses it."""
 
-    __slots__ = ("fill", "grammar", "late", "mask_words", "matcher", "num_tokens", "vocab_size")
+    __slots__ = ("fill", "grammar", "late", "mask_words", "matcher", "num_tokens", "quick", "vocab_size")
 
     def __init__(self, grammar: Grammar, tokenizer: llguidance.LLTokenizer) -> None:
         self.grammar = grammar
@@ -187,10 +187,11 @@ class GrammarState:
         self.vocab_size = tokenizer.vocab_size  # ids llguidance knows
         self.mask_words = mask_words(tokenizer.vocab_size)  # the bitmask's width, as llguidance fills it
         # The bitmask for the next token (ignis/engine/grammar_masks.py): a MaskFill started
-        # for some position, and whether a fill of this state ever missed its step (then it
-        # fills alone, and its sequence is scheduled only once its mask is ready).
+        # for some position; whether a fill missed its step (then its sequence is scheduled
+        # only once its mask is ready); whether its last fill was quick (it fills in the batch).
         self.fill: Any = None
         self.late = False
+        self.quick = False
 
     def advance(self, token: int) -> str | None:
         """Consume a sampled token; an error message when the grammar rejects it."""

@@ -5,8 +5,11 @@ llguidance work for a while each token (a 300 KB string literal: ~80 ms a mask).
 engine never waits on a mask beyond a step's worth of time:
 
 - `MaskFiller.start(states)` starts a fill for every state that has none for its
-  position: the states that have kept up so far in one batch (llguidance's executor,
-  its own threads), each state that ever fell behind alone, on a lane of its own.
+  position: the states that have shown their masks are quick (a fill under `FAST_S`)
+  in one batch (llguidance's executor, its own threads); the others (a new grammar's
+  first mask, one that fell behind) each alone, on a lane of lower CPU priority (nice
+  19): a grammar that makes llguidance work long takes the cores only when the
+  model's threads leave them.
 - `MaskFiller.ready(states, wait)`: the sampler waits at most `wait` seconds (about the
   forward's time) for the masks of the rows it samples. A row whose mask is not ready
   then is deferred: it samples nothing this step (the engine recomputes its last token
@@ -97,7 +100,7 @@ class MaskFiller:
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.wake = wake
         self._batch = BigStackPool("ignis-masks", workers=1)
-        self._alone = BigStackPool("ignis-masks-late", workers=1)
+        self._alone = BigStackPool("ignis-masks-alone", workers=1, nice=19)
 
     def start(self, states: list[GrammarState]) -> None:
         """Start filling each state's mask for its current position, unless one is."""
@@ -105,11 +108,11 @@ class MaskFiller:
         if not fresh:
             return
         now = time.monotonic()
-        together = [s for s in fresh if not s.late]
+        together = [s for s in fresh if s.quick and not s.late]
         if together:
             self._launch(self._batch, together, now)
         for s in fresh:
-            if s.late:
+            if not s.quick or s.late:
                 self._launch(self._alone, [s], now)
 
     def _launch(self, pool: BigStackPool, states: list[GrammarState], now: float) -> None:
@@ -135,8 +138,8 @@ class MaskFiller:
             ok = f is not None and f.done
             if not ok:
                 s.late = True
-            elif s.late and f.took is not None and f.took < FAST_S:
-                s.late = False
+            elif f.took is not None and f.took < FAST_S:
+                s.late, s.quick = False, True
             out.append(ok)
         return out
 

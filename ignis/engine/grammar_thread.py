@@ -17,6 +17,7 @@ are ever touched.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -34,12 +35,14 @@ _creating = threading.Lock()  # threading.stack_size is process-wide: set it for
 
 class BigStackPool:
     """`workers` daemon threads with `stack` bytes of stack each, started on first use,
-    running submitted calls in FIFO order."""
+    running submitted calls in FIFO order; `nice` > 0 lowers their CPU priority (they
+    yield the cores to the engine's threads)."""
 
-    def __init__(self, name: str, workers: int = 1, stack: int = STACK_BYTES) -> None:
+    def __init__(self, name: str, workers: int = 1, stack: int = STACK_BYTES, nice: int = 0) -> None:
         self.name = name
         self.workers = workers
         self.stack = stack
+        self.nice = nice
         self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
             queue.SimpleQueue())
         self._threads: list[threading.Thread] = []
@@ -60,6 +63,12 @@ class BigStackPool:
                     threading.stack_size(previous)
 
     def _work(self) -> None:
+        if self.nice:
+            try:  # Linux: a thread's own niceness (raising it needs no privilege). Not SCHED_IDLE:
+                # a busy engine would starve an ordinary grammar's first mask past its timeout.
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (AttributeError, OSError):
+                pass
         while True:
             item = self._queue.get()
             if item is None:

@@ -61,7 +61,7 @@ def test_a_slow_mask_defers_its_row_only(tiny: LoadedModel, monkeypatch: pytest.
             engine.masks.wait_any([s.grammar for s in engine.seqs.values() if s.grammar is not None], 0.05)
     # One token a step for the plain request (prefill, then 5 decodes), slow mask or not.
     assert plain_tokens == 6 and steps == 6
-    assert late and "ignis-masks-late-0" in threads
+    assert late and "ignis-masks-alone-0" in threads
     assert finals["slow"].finish_reason is EngineFinish.STOP and re.fullmatch(SLOW, text["slow"]), text
     assert finals["quick"].finish_reason is EngineFinish.STOP and re.fullmatch("[a-c]{3}", text["quick"]), text
 

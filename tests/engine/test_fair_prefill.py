@@ -1,0 +1,93 @@
+"""Fair prefill (ignis/engine/scheduler.py): a short prompt that arrives during a long
+prompt's prefill is prefilled whole in the next step, beside a smaller chunk of the long
+one; decode rows are never cut; the time budget sizes steps from measured costs, never
+below its floor; the long prompt always moves on."""
+
+from __future__ import annotations
+
+from ignis.config import EngineConfig
+from ignis.engine import LLMEngine, SamplingParams
+from ignis.engine.block_manager import BlockManager
+from ignis.engine.sampling_params import SamplingParams as Params
+from ignis.engine.scheduler import MIN_PREFILL_CHUNK, MIN_TIMED_TOKENS, ScheduledBatch, Scheduler
+from ignis.engine.sequence import Sequence
+from ignis.model import LoadedModel
+
+
+def seq(rid: str, n: int) -> Sequence:
+    return Sequence(rid, list(range(n)), Params(), seed=0, max_tokens=8, text=None)
+
+
+def advance(batch: ScheduledBatch) -> None:
+    """What a step does to the sequences: their tokens computed, one sampled where due."""
+    for s, n in zip(batch.seqs, batch.num_new_tokens):
+        s.num_computed_tokens += n
+        if s.num_computed_tokens == s.num_tokens:
+            s.token_ids.append(7)
+
+
+def test_a_short_prompt_goes_beside_a_running_long_prefill() -> None:
+    sch = Scheduler(BlockManager(256, 16), max_num_seqs=8, max_num_batched_tokens=100)
+    long = seq("long", 1000)
+    sch.add(long)
+    advance(sch.schedule())  # the long prompt's first chunk
+    short = seq("short", 12)
+    sch.add(short)
+    batch = sch.schedule()
+    assert {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)} == {"long": 88, "short": 12}
+    advance(batch)
+    batch = sch.schedule()  # the short one decodes, the long one goes on
+    assert {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)} == {"short": 1, "long": 99}
+
+
+def test_decode_rows_are_never_cut_and_the_long_prompt_always_moves_on() -> None:
+    sch = Scheduler(BlockManager(512, 16), max_num_seqs=64, max_num_batched_tokens=100)
+    decoders = [seq(f"d{i}", 4) for i in range(70)]
+    for d in decoders[:60]:
+        sch.add(d)
+    advance(sch.schedule())  # 60 prompts of 4 (the budget fits 25 of them)
+    while len(sch.running) < 60 or any(s.num_computed_tokens < s.num_tokens - 1 for s in sch.running):
+        advance(sch.schedule())
+    long = seq("long", 5000)
+    sch.add(long)
+    for d in decoders[60:]:
+        sch.add(d)
+    batch = sch.schedule()
+    got = {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)}
+    assert all(got[f"d{i}"] == 1 for i in range(60))  # every decode row
+    assert got["long"] == 40  # the rest of the forward's 100 tokens
+    advance(batch)
+    batch = sch.schedule()
+    got = {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)}
+    # Short prompts wait (3 fit the room left): the long prefill still gets its least chunk,
+    # and they what the forward holds beyond it.
+    assert all(got[f"d{i}"] == 1 for i in range(60))
+    assert got["long"] == MIN_PREFILL_CHUNK and got["d60"] == got["d61"] == 4 and len(got) == 63
+
+
+def test_the_time_budget_sizes_steps_from_measured_costs() -> None:
+    sch = Scheduler(BlockManager(1024, 16), max_num_seqs=8, max_num_batched_tokens=2048, step_time_budget=0.5)
+    assert sch.token_budget() == MIN_TIMED_TOKENS  # nothing measured yet
+    big = ScheduledBatch([seq("a", 600)], [512])
+    sch.observe(1.0, big)  # 512 tokens in a second: ~2 ms a token
+    assert sch.token_budget() == 256
+    sch.observe(0.05, big)  # faster now (the average of the last steps)
+    assert MIN_TIMED_TOKENS < sch.token_budget() < 2048
+    sch.observe(0.001, ScheduledBatch([seq("b", 40)], [40]))  # too small to say: ignored
+    assert sch.seconds_per_token == (1.0 / 512 + 0.05 / 512) / 2
+    slow = Scheduler(BlockManager(64, 16), max_num_seqs=8, max_num_batched_tokens=2048, step_time_budget=0.1)
+    slow.observe(60.0, big)  # a very slow machine: never below the floor
+    assert slow.token_budget() == MIN_TIMED_TOKENS
+    assert Scheduler(BlockManager(64, 16), max_num_seqs=8, max_num_batched_tokens=100).token_budget() == 100
+
+
+def test_the_engine_gives_a_short_prompt_its_first_token_in_the_next_step(tiny: LoadedModel) -> None:
+    engine = LLMEngine(tiny, EngineConfig(num_kv_blocks=400, block_size=4, cpu_pack_weights=False,
+                                          max_num_batched_tokens=48, step_time_budget_ms=None))
+    engine.add_request("long", [5] * 240, SamplingParams.greedy(2))  # 5 steps of prefill
+    engine.step()
+    engine.add_request("short", tiny.tokenizer.encode("hello world"), SamplingParams.greedy(2))
+    first = [o for o in engine.step() if o.request_id == "short"]
+    assert first and first[0].token_ids  # its whole prompt, and a token, in one step
+    while engine.has_unfinished_requests():
+        engine.step()
