@@ -18,7 +18,6 @@ chains ``$ref``s as deep as it likes) and returns a `SchemaOutline`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -33,7 +32,6 @@ _ONE = ("additionalProperties", "additionalItems", "items", "contains", "not", "
 _MAP = ("properties", "patternProperties", "dependentSchemas")
 _LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
 _DEFS = ("$defs", "definitions")  # reached by $ref only: no nesting edge
-_TRIVIAL_TYPES = frozenset({"string", "number", "integer", "boolean", "null"})
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ def _literal_size(value: Any) -> tuple[int, bool]:
         if isinstance(v, str):
             size += len(v)
             bad = bad or has_surrogate(v)
-        elif isinstance(v, Mapping):
+        elif isinstance(v, dict):
             for key, item in v.items():
                 size += len(str(key))
                 bad = bad or has_surrogate(str(key))
@@ -97,7 +95,7 @@ def outline(schema: Any) -> SchemaOutline:
         by_pointer[pointer] = node
         if parent >= 0:  # (definitions have parent -1: a compile reaches them by $ref alone)
             children[parent].append(node)
-        if not isinstance(value, Mapping):
+        if not isinstance(value, dict):
             continue
         for key, item in value.items():
             if has_surrogate(str(key)):
@@ -111,19 +109,19 @@ def outline(schema: Any) -> SchemaOutline:
                 surrogate = True
         for key in _ONE:
             sub = value.get(key)
-            if isinstance(sub, (Mapping, bool)):
+            if isinstance(sub, (dict, bool)):
                 work.append((sub, [*path, key], node))
             elif key == "items" and isinstance(sub, list):  # draft 4 tuples
-                work.extend((s, [*path, key, str(i)], node) for i, s in enumerate(sub) if isinstance(s, (Mapping, bool)))
+                work.extend((s, [*path, key, str(i)], node) for i, s in enumerate(sub) if isinstance(s, (dict, bool)))
         for key in _LIST:
             sub = value.get(key)
             if isinstance(sub, list):
-                work.extend((s, [*path, key, str(i)], node) for i, s in enumerate(sub) if isinstance(s, (Mapping, bool)))
+                work.extend((s, [*path, key, str(i)], node) for i, s in enumerate(sub) if isinstance(s, (dict, bool)))
         for key in (*_MAP, *_DEFS):
             sub = value.get(key)
-            if isinstance(sub, Mapping):
+            if isinstance(sub, dict):
                 work.extend((s, [*path, key, str(k)], -1 if key in _DEFS else node) for k, s in sub.items()
-                            if isinstance(s, (Mapping, bool)))
+                            if isinstance(s, (dict, bool)))
     refs = [_ref_target(v, by_pointer) for v in values]
     succ = [kids + ([r] if r is not None else []) for kids, r in zip(children, refs)]
     depth = weighted_depth(succ, [0])
@@ -132,7 +130,7 @@ def outline(schema: Any) -> SchemaOutline:
 
 
 def _ref_target(value: Any, by_pointer: dict[str, int]) -> int | None:
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         return None
     ref = value.get("$ref")
     if not isinstance(ref, str) or not ref.startswith("#"):
@@ -153,7 +151,7 @@ def _productivity(values: list[Any], refs: list[int | None], by_pointer: dict[st
         if value is False:
             clauses[v].append([])  # nothing satisfies it
             continue
-        if not isinstance(value, Mapping):
+        if not isinstance(value, dict):
             continue
         here = paths[v]
         if refs[v] is not None:
@@ -179,9 +177,8 @@ def _productivity(values: list[Any], refs: list[int | None], by_pointer: dict[st
         if types is None:
             continue  # any type: null will do
         types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-        if not types or any(not isinstance(t, str) or t in _TRIVIAL_TYPES or t not in ("object", "array")
-                            for t in types):
-            continue
+        if not types or not all(t == "object" or t == "array" for t in types):
+            continue  # (a type with no needs, or one the engine judges)
         options: list[int] = []
         for t in types:
             needs = _object_needs(value, here, node) if t == "object" else _array_needs(value, here, node)
@@ -207,12 +204,12 @@ def _productivity(values: list[Any], refs: list[int | None], by_pointer: dict[st
     return False, None
 
 
-def _object_needs(value: Mapping[str, Any], here: str, node: Any) -> list[int | None]:
+def _object_needs(value: dict[str, Any], here: str, node: Any) -> list[int | None]:
     """The subschemas an object of this schema must hold a value of (None: impossible)."""
     required = value.get("required")
     if not isinstance(required, list):
         return []
-    props = value.get("properties") if isinstance(value.get("properties"), Mapping) else {}
+    props = value.get("properties") if isinstance(value.get("properties"), dict) else {}
     extra = value.get("additionalProperties")
     out: list[int | None] = []
     for name in required:
@@ -226,14 +223,14 @@ def _object_needs(value: Mapping[str, Any], here: str, node: Any) -> list[int | 
             continue  # a pattern may take it: the engine judges
         elif extra is False:
             out.append(None)
-        elif isinstance(extra, Mapping):
+        elif isinstance(extra, dict):
             child = node(f"{here}/additionalProperties")
             if child is not None:
                 out.append(child)
     return out
 
 
-def _array_needs(value: Mapping[str, Any], here: str, node: Any) -> list[int | None]:
+def _array_needs(value: dict[str, Any], here: str, node: Any) -> list[int | None]:
     """The subschemas an array of this schema must hold an item of (None: impossible)."""
     least = value.get("minItems")
     if not isinstance(least, int) or isinstance(least, bool) or least <= 0:
@@ -248,7 +245,7 @@ def _array_needs(value: Mapping[str, Any], here: str, node: Any) -> list[int | N
         items = value.get("items")
         if items is False:
             out.append(None)
-        elif isinstance(items, Mapping):
+        elif isinstance(items, dict):
             child = node(f"{here}/items")
             if child is not None:
                 out.append(child)
