@@ -2,9 +2,10 @@
 
 A step's token budget is max_num_batched_tokens, and with a step-time budget
 (engine.step_time_budget_ms) no more tokens than the last prefill steps say fit in that
-time (`observe` feeds it the measured seconds per token): a long prompt's prefill is
-cut into steps of bounded time, so nobody waits long for the step under way. The
-budget is spent in this order:
+time (`observe` feeds the measured costs to ignis/engine/step_cost.py), unless steps
+that small would spend most of their time on their fixed part: a long prompt's prefill
+is cut into steps of bounded time where the machine allows, so nobody waits long for
+the step under way. The budget is spent in this order:
 
 1. Decode rows: every running sequence with one token to compute (they are never
    starved by prefill).
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.grammar_masks import blocked
+from ignis.engine.step_cost import StepCost
 from ignis.engine.sequence import Sequence, Status
 
 
@@ -43,10 +45,9 @@ class ScheduledBatch:
 
 # A running prefill's least chunk while short prompts go first (it always moves on).
 MIN_PREFILL_CHUNK = 32
-# The time budget never cuts a step below this many tokens: smaller steps cost more per
-# token (each reads every weight; on the CPU, steps of 256 rows or more run bf16 GEMMs),
-# and what a token costs is measured on steps at least this large (cutting on costs
-# measured on small steps would cut ever smaller).
+# The time budget never cuts a step below this many tokens, and what steps cost is
+# measured on steps at least this large (on the CPU, steps of 256 rows or more run
+# bf16 GEMMs: smaller ones are another cost curve). See ignis/engine/step_cost.py.
 MIN_TIMED_TOKENS = 256
 
 
@@ -61,7 +62,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.step_time_budget = step_time_budget  # seconds, or None
-        self.seconds_per_token: float | None = None  # measured on prefill steps (an average)
+        self.cost = StepCost(min(MIN_TIMED_TOKENS, max_num_batched_tokens), max_num_batched_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -73,21 +74,14 @@ class Scheduler:
     def observe(self, seconds: float, batch: ScheduledBatch) -> None:
         """A step's measured time: what its tokens cost, for the time budget."""
         prefill = sum(n for n in batch.num_new_tokens if n > 1)
-        if self.step_time_budget is None or prefill < MIN_TIMED_TOKENS:
-            return
-        per_token = seconds / sum(batch.num_new_tokens)
-        # The cost per token grows with a prefill's depth: recent steps weigh most.
-        self.seconds_per_token = per_token if self.seconds_per_token is None else (
-            0.5 * self.seconds_per_token + 0.5 * per_token)
+        if self.step_time_budget is not None and prefill >= MIN_TIMED_TOKENS:
+            self.cost.observe(sum(batch.num_new_tokens), seconds)
 
     def token_budget(self) -> int:
         """The most tokens the next step may compute."""
         if self.step_time_budget is None:
             return self.max_num_batched_tokens
-        if self.seconds_per_token is None:  # (not measured yet)
-            return min(self.max_num_batched_tokens, MIN_TIMED_TOKENS)
-        fit = int(self.step_time_budget / self.seconds_per_token)
-        return min(self.max_num_batched_tokens, max(MIN_TIMED_TOKENS, fit))
+        return self.cost.tokens_for(self.step_time_budget)
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()

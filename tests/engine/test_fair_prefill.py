@@ -1,7 +1,8 @@
 """Fair prefill (ignis/engine/scheduler.py): a short prompt that arrives during a long
 prompt's prefill is prefilled whole in the next step, beside a smaller chunk of the long
-one; decode rows are never cut; the time budget sizes steps from measured costs, never
-below its floor; the long prompt always moves on."""
+one; decode rows are never cut; the time budget sizes steps from measured costs (a fixed
+part per step and a part per token), never so small that the fixed part dominates; the
+long prompt always moves on."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ignis.engine.block_manager import BlockManager
 from ignis.engine.sampling_params import SamplingParams as Params
 from ignis.engine.scheduler import MIN_PREFILL_CHUNK, MIN_TIMED_TOKENS, ScheduledBatch, Scheduler
 from ignis.engine.sequence import Sequence
+from ignis.engine.step_cost import StepCost
 from ignis.model import LoadedModel
 
 
@@ -68,17 +70,32 @@ def test_decode_rows_are_never_cut_and_the_long_prompt_always_moves_on() -> None
 def test_the_time_budget_sizes_steps_from_measured_costs() -> None:
     sch = Scheduler(BlockManager(1024, 16), max_num_seqs=8, max_num_batched_tokens=2048, step_time_budget=0.5)
     assert sch.token_budget() == MIN_TIMED_TOKENS  # nothing measured yet
-    big = ScheduledBatch([seq("a", 600)], [512])
-    sch.observe(1.0, big)  # 512 tokens in a second: ~2 ms a token
-    assert sch.token_budget() == 256
-    sch.observe(0.05, big)  # faster now (the average of the last steps)
-    assert MIN_TIMED_TOKENS < sch.token_budget() < 2048
-    sch.observe(0.001, ScheduledBatch([seq("b", 40)], [40]))  # too small to say: ignored
-    assert sch.seconds_per_token == (1.0 / 512 + 0.05 / 512) / 2
-    slow = Scheduler(BlockManager(64, 16), max_num_seqs=8, max_num_batched_tokens=2048, step_time_budget=0.1)
-    slow.observe(60.0, big)  # a very slow machine: never below the floor
-    assert slow.token_budget() == MIN_TIMED_TOKENS
+    sch.observe(0.30, ScheduledBatch([seq("a", 600)], [256]))
+    assert sch.token_budget() == 1024  # one size seen: a larger step tells fixed and per-token apart
+    sch.observe(0.06, ScheduledBatch([seq("b", 40)], [40]))  # too small to say: not a sample
+    sch.observe(0.90, ScheduledBatch([seq("a", 2000)], [1024]))
+    fixed, per_token = sch.cost.fit()
+    assert abs(fixed - 0.1) < 1e-9 and abs(per_token - 0.8 / 1024) < 1e-12
+    assert sch.token_budget() == int((0.5 - 0.1) / per_token)  # 512 tokens fit half a second
     assert Scheduler(BlockManager(64, 16), max_num_seqs=8, max_num_batched_tokens=100).token_budget() == 100
+
+
+def test_steps_stay_large_where_their_fixed_cost_dominates() -> None:
+    """The loaded CPU's case: ~18 s a step whatever its size (every weight widened), 10 ms a
+    token: no size meets a quarter of a second, and cutting would only multiply the fixed
+    part; steps stay at what keeps it within a quarter."""
+    cost = StepCost(256, 2048)
+    cost.observe(256, 18 + 256 * 0.01)
+    cost.observe(1024, 18 + 1024 * 0.01)
+    assert cost.tokens_for(0.25) == 2048
+    quick = StepCost(256, 2048)  # an unloaded machine: 0.14 s fixed, 1.2 ms a token
+    quick.observe(256, 0.14 + 256 * 0.0012)
+    quick.observe(1024, 0.14 + 1024 * 0.0012)
+    assert quick.tokens_for(0.25) == int(0.14 * 3 / 0.0012)  # the fixed part a quarter of the step
+    assert quick.tokens_for(2.0) == int((2.0 - 0.14) / 0.0012)
+    for _ in range(8):  # later steps all of one size: the last fit stands
+        quick.observe(350, 0.14 + 350 * 0.0012)
+    assert quick.fit() is not None
 
 
 def test_the_engine_gives_a_short_prompt_its_first_token_in_the_next_step(tiny: LoadedModel) -> None:
