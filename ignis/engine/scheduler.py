@@ -12,7 +12,9 @@ the step under way. The budget is spent in this order:
 2. Running prefills (admission order), leaving room for the waiting prompts that fit
    in this step whole, FIFO: a short request that arrives during a long prompt's
    prefill is prefilled in the next step, beside a smaller chunk of the long one
-   (which always gets at least MIN_PREFILL_CHUNK tokens).
+   (which always gets at least MIN_PREFILL_CHUNK tokens). Where a chunk's step still
+   ran past the time budget, the next step holds no chunk when there are decode rows
+   or short prompts: theirs alone (cheap), so they wait one chunk at most.
 3. Admitting waiting sequences, FIFO, while fewer than max_num_seqs run.
 
 A sequence whose grammar mask is being filled late waits (ignis/engine/grammar_masks.py).
@@ -63,6 +65,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.step_time_budget = step_time_budget  # seconds, or None
         self.cost = StepCost(min(MIN_TIMED_TOKENS, max_num_batched_tokens), max_num_batched_tokens)
+        self.over_budget = False  # the last step carried a prefill chunk and ran past the time budget
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -76,6 +79,7 @@ class Scheduler:
         prefill = sum(n for n in batch.num_new_tokens if n > 1)
         if self.step_time_budget is not None and prefill >= MIN_TIMED_TOKENS:
             self.cost.observe(sum(batch.num_new_tokens), seconds)
+            self.over_budget = seconds > self.step_time_budget
 
     def token_budget(self) -> int:
         """The most tokens the next step may compute."""
@@ -97,10 +101,16 @@ class Scheduler:
                 prefills.append(seq)
             elif decodes < hard and self._grow(seq, 1, batch):
                 decodes += 1
-        # Prefill tokens: what the time budget leaves after the decodes, and always a chunk.
-        budget = min(hard - decodes, max(self.token_budget() - decodes, MIN_PREFILL_CHUNK))
+        # Prefill tokens: the time budget's (decode rows come on top), within the forward's.
+        budget = min(hard - decodes, self.token_budget())
         want = self._waiting_fit(budget)  # short prompts waiting: prefilled whole this step
         cap = max(budget - want, min(MIN_PREFILL_CHUNK, budget)) if prefills else 0
+        light = self.over_budget and (decodes > 0 or want > 0)
+        self.over_budget = False
+        if light:
+            # The last chunk overran the budget (steps here cannot be both short and cheap):
+            # this step is the decodes' and the short prompts' alone, then the chunks go on.
+            cap, budget = 0, want
         for seq in prefills:  # 2. running prefills
             if seq.status is not Status.RUNNING or cap <= 0:
                 continue

@@ -108,3 +108,24 @@ def test_the_engine_gives_a_short_prompt_its_first_token_in_the_next_step(tiny: 
     assert first and first[0].token_ids  # its whole prompt, and a token, in one step
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def test_after_a_chunk_over_budget_the_next_step_is_the_decodes_and_short_prompts_alone() -> None:
+    sch = Scheduler(BlockManager(512, 16), max_num_seqs=8, max_num_batched_tokens=512, step_time_budget=0.25)
+    long, talker = seq("long", 4000), seq("talker", 8)
+    sch.add(talker)
+    advance(sch.schedule())  # the talker's prompt: it decodes from here on
+    sch.add(long)
+    batch = sch.schedule()
+    assert {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)} == {"talker": 1, "long": 256}
+    sch.observe(20.0, batch)  # far past the budget (the fixed cost of a step on a loaded CPU)
+    advance(batch)
+    short = seq("short", 10)
+    sch.add(short)
+    batch = sch.schedule()
+    assert {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)} == {"talker": 1, "short": 10}
+    sch.observe(0.1, batch)
+    advance(batch)
+    batch = sch.schedule()  # and the long prompt goes on
+    got = {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)}
+    assert got["talker"] == got["short"] == 1 and got["long"] >= MIN_TIMED_TOKENS
