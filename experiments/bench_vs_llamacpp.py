@@ -3,12 +3,16 @@
     .venv/bin/python experiments/bench_vs_llamacpp.py                 # build once, then measure
     .venv/bin/python experiments/bench_vs_llamacpp.py --quick         # decode 1/64 + RSS only
     .venv/bin/python experiments/bench_vs_llamacpp.py --png experiments/vs_llamacpp.png
+    .venv/bin/python experiments/bench_vs_llamacpp.py --cpu-caps avx2 --llamacpp-build build-avx2   # as an AVX2 CPU
 
 llama.cpp is built from the `llama-cpp-python` 0.3.36 sdist's vendored tree (the same
 source DESIGN.md's numbers came from) into `.cache/llamacpp/` (git-ignored): `pip
 download --no-binary` fetches the sdist, cmake builds llama-bench, llama-batched-bench
 and llama-server with -DGGML_NATIVE=ON under `nice -n 19` with -j2 (~11-60 minutes on
-2 shared cores). Never run in CI or tests.
+2 shared cores). Never run in CI or tests. --llamacpp-build build-avx2 builds (and runs) a
+second tree for CPUs without AVX-512 (GGML_NATIVE off, AVX2/FMA/F16C on, every AVX-512
+and VNNI extension off); --cpu-caps sets IGNIS_CPU_CAPS for ignis (in this process and the
+servers it starts), so the two run the same instruction tier. The table says which.
 
 Measured, alternating the two engines where it matters (a shared machine only slows):
   decode, batch 1      llama-bench tg128                | ignis engine, 128 tokens, 1 sequence
@@ -47,6 +51,13 @@ VERSION = "0.3.36"
 SRC = CACHE / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 BIN = SRC / "build" / "bin"
 TOOLS = ("llama-bench", "llama-batched-bench", "llama-server")
+# cmake options per build tree: the host's own instructions, or AVX2 and nothing above it.
+BUILDS = {
+    "build": ["-DGGML_NATIVE=ON"],
+    "build-avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                   "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
+                   "-DGGML_AVX_VNNI=OFF"],
+}
 TEXT = Path(__file__).with_name("perplexity_text.txt")
 
 
@@ -57,7 +68,9 @@ def log(msg: str) -> None:
 # -- llama.cpp: fetch and build once ------------------------------------------------------
 
 
-def build_llamacpp(jobs: int = 2) -> Path:
+def build_llamacpp(jobs: int = 2, tree: str = "build") -> Path:
+    global BIN
+    BIN = SRC / tree / "bin"
     if all((BIN / t).exists() for t in TOOLS):
         return BIN
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -66,15 +79,15 @@ def build_llamacpp(jobs: int = 2) -> Path:
         log(f"downloading the llama-cpp-python {VERSION} sdist ...")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                         f"llama-cpp-python=={VERSION}", "-d", str(CACHE)], check=True)
-    if not SRC.exists():
+    if not (SRC / "CMakeLists.txt").exists():  # absent, or only the converter (make test's)
         with tarfile.open(sdist) as tar:
             tar.extractall(CACHE, filter="data")
     log("building llama.cpp (nice -n 19, this takes a while) ...")
     nice = ["nice", "-n", "19"]
-    subprocess.run(nice + ["cmake", "-B", "build", "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release",
+    subprocess.run(nice + ["cmake", "-B", tree, *BUILDS[tree], "-DCMAKE_BUILD_TYPE=Release",
                            "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
                    cwd=SRC, check=True)
-    subprocess.run(nice + ["cmake", "--build", "build", f"-j{jobs}", "--target", *TOOLS], cwd=SRC, check=True)
+    subprocess.run(nice + ["cmake", "--build", tree, f"-j{jobs}", "--target", *TOOLS], cwd=SRC, check=True)
     return BIN
 
 
@@ -275,12 +288,24 @@ def main() -> None:
                     help="the ignis server's model.weight_form for the served-throughput rows (quantized: what "
                          "`make serve` holds, the embedded group's setting; auto: bfloat16 at 64 slots)")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--llamacpp-build", choices=sorted(BUILDS), default="build",
+                    help="llama.cpp's build tree: the host's instructions, or build-avx2 (nothing above AVX2)")
+    ap.add_argument("--cpu-caps", choices=["avx512", "avx2", "portable"], default=None,
+                    help="IGNIS_CPU_CAPS for ignis (this process and its servers)")
     args = ap.parse_args()
-    build_llamacpp()
+    build_llamacpp(tree=args.llamacpp_build)
     if args.build_only:
         return
+    if args.cpu_caps:
+        import os
+
+        os.environ["IGNIS_CPU_CAPS"] = args.cpu_caps  # before torch's first op; servers inherit it
     sys.path.insert(0, str(ROOT))
     import torch
+
+    from kernels import cpu_platform  # (importing kernels applies the cap)
+
+    log(f"ignis: {cpu_platform.current().describe()}; llama.cpp: {args.llamacpp_build}")
 
     torch.set_num_threads(args.threads)
     from experiments.serving import ServerProcess
@@ -348,6 +373,8 @@ def main() -> None:
     torch_mb = int(re.search(r"VmRSS:\s+(\d+)", torch_only).group(1)) / 1024
     print(table(rows))
     print(f"\n(`import torch` alone: {torch_mb:.0f} MB RSS; {args.threads} threads; one run)")
+    print(f"ignis: {cpu_platform.current().describe()}")
+    print(f"llama.cpp: {args.llamacpp_build} ({' '.join(BUILDS[args.llamacpp_build])})")
     try:
         plot(args.png, decode, prefill, depth)
         print(f"plot: {args.png}")

@@ -33,6 +33,7 @@ def run(cfg: IgnisConfig) -> int:
     import kernels
     from ignis.engine import AsyncEngine
     from ignis.model import load_model_from_config
+    from ignis.model.weight_plan import UnsupportedWeightForm
     from ignis.server.app import create_app
     from ignis.server.websocket_protocol import IgnisWebSocketProtocol
 
@@ -47,7 +48,10 @@ def run(cfg: IgnisConfig) -> int:
         _dense_weights_for_tp(cfg)
     # Tensor parallelism: no full copy of the weights here; the engine loads rank 0's shard
     # from the checkpoint itself, as every worker loads its own.
-    loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs, weights=tp == 1)
+    try:
+        loaded = load_model_from_config(cfg.model, cfg.engine.max_num_seqs, weights=tp == 1)
+    except UnsupportedWeightForm as exc:  # a form this CPU cannot run: one line, no traceback
+        raise SystemExit(f"ignis.serve: {exc}") from None
     engine = AsyncEngine(loaded, cfg.engine)
     app = create_app(cfg, loaded, engine)
     log.info("serving %s on http://%s:%d (OpenAI base_url http://%s:%d/v1)", loaded.name, cfg.server.host,

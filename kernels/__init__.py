@@ -18,17 +18,26 @@ nothing of ignis. Public ops:
          -- builds and registers torch.ops.ignis_cpu.decode_layers (kernels/cpu/decode.cpp):
          a whole decode step of an int4/int8 CPU model in one call
 
+  cpu_platform.current() -> CpuPlatform
+         -- what this CPU and torch build run (tier, GEMMs, native flags); IGNIS_CPU_CAPS
+         caps it, applied here on import, before torch's first op
+
 backend: None (the process default, see set_backend), "auto", "triton" or "torch".
 """
 
-from kernels.attention import paged_attention
-from kernels.attention_cpu import BatchedCpuAttention
-from kernels.attention_ref import paged_attention_ref
-from kernels.backend import Backend, get_backend, set_backend
-from kernels.kv_cache import write_kv
-from kernels.kv_cache_ref import write_kv_ref
-from kernels.sampling import SamplingTensors, sample, sample_ref
-from kernels.token_mask import apply_token_bitmask_, apply_token_bitmask_ref_
+from kernels import cpu_platform
+
+cpu_platform.apply_cap()  # before any kernel module runs a torch op
+
+
+from kernels.attention import paged_attention  # noqa: E402
+from kernels.attention_cpu import BatchedCpuAttention  # noqa: E402
+from kernels.attention_ref import paged_attention_ref  # noqa: E402
+from kernels.backend import Backend, get_backend, set_backend  # noqa: E402
+from kernels.kv_cache import write_kv  # noqa: E402
+from kernels.kv_cache_ref import write_kv_ref  # noqa: E402
+from kernels.sampling import SamplingTensors, sample, sample_ref  # noqa: E402
+from kernels.token_mask import apply_token_bitmask_, apply_token_bitmask_ref_  # noqa: E402
 
 __all__ = [
     "Backend",

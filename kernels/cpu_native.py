@@ -4,9 +4,10 @@
         hidden = torch.ops.ignis_cpu.decode_layers(...)   # see decode.cpp for the arguments
 
 The source is compiled with the system's C++ compiler against the installed torch's
-headers (only the per-operator ones: ~7 s on 2 cores) for this CPU (-march=native), into
-a cache directory keyed by the source, torch's version and the CPU, so later starts just
-load it. Where there is no compiler, or the build fails, load() returns False and logs
+headers (only the per-operator ones: ~7 s on 2 cores) for the tier kernels/cpu_platform.py
+chose (-march=native at the host's own tier, the tier's baseline under IGNIS_CPU_CAPS),
+into a cache directory keyed by the source, torch's version, the CPU and the flags, so
+later starts just load it. Where there is no compiler, or the build fails, load() returns False and logs
 why once; callers then keep the eager PyTorch path. IGNIS_NATIVE_CPU=0 turns it off.
 """
 
@@ -28,7 +29,14 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu") / "decode.cpp"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w"]
+FLAGS = ["-O3", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w"]
+
+
+def flags() -> list[str]:
+    """The compiler flags for this machine's tier (cpu_platform.current().native_flags)."""
+    from kernels import cpu_platform
+
+    return [*FLAGS, *cpu_platform.current().native_flags]
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -43,7 +51,7 @@ def cache_dir() -> Path:
 
 
 def _cpu_id() -> str:
-    """What -march=native depends on: the CPU's model and feature flags."""
+    """What the build depends on besides its flags: the CPU's model and feature flags."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -64,7 +72,7 @@ def _build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
     lib = torch_dir / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [
-        cxx, *FLAGS, *extra_flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
+        cxx, *flags(), *extra_flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
         str(SOURCE), "-o", "OUT", f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}",
     ]
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +172,8 @@ def sweep(folder: Path | None = None) -> None:
 def library_path() -> Path:
     """The built library's path for this source, torch and CPU (it may not exist yet)."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _cpu_id().encode(), " ".join(FLAGS).encode(),
+    sources = b"".join(f.read_bytes() for f in sorted(SOURCE.parent.glob("*.[ch]*")))  # decode.cpp and its headers
+    for part in (sources, torch.__version__.encode(), _cpu_id().encode(), " ".join(flags()).encode(),
                  (_compiler() or "").encode(), sys.platform.encode()):
         key.update(part)
         key.update(b"\0")

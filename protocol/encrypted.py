@@ -1,4 +1,7 @@
-"""`reasoning.encrypted_content`: the reasoning as the model saw it, in an opaque string.
+"""`reasoning.encrypted_content`: the reasoning as the model saw it, in an opaque string;
+and a ``compaction`` item's ``encrypted_content`` (the summary `POST /v1/responses/compact`
+wrote), in the same form with ``"kind": "compaction"`` in its JSON, so that neither can
+pass for the other.
 
 Codex (and any stateless client) asks for ``include: ["reasoning.encrypted_content"]``,
 keeps the reasoning item with its ``encrypted_content`` and sends it back with
@@ -35,7 +38,7 @@ import hmac
 import json
 import zlib
 
-__all__ = ["PREFIX", "seal_reasoning", "open_reasoning"]
+__all__ = ["PREFIX", "seal_reasoning", "open_reasoning", "seal_compaction", "open_compaction"]
 
 PREFIX = "ig1."
 _MAX_INFLATED = 64 * 1024 * 1024  # refuse zip bombs: 64 MiB of reasoning is plenty
@@ -55,7 +58,22 @@ def _sign(key: bytes, signed_part: str) -> str:
 
 def seal_reasoning(text: str, key: bytes | None = None) -> str:
     """The opaque ``encrypted_content`` string carrying `text`."""
-    raw = json.dumps({"v": 1, "text": text}, ensure_ascii=False, separators=(",", ":"))
+    return _seal({"v": 1, "text": text}, key)
+
+
+def seal_compaction(text: str, key: bytes | None = None) -> str:
+    """A compaction item's ``encrypted_content``: the summary `text`."""
+    return _seal({"v": 1, "kind": "compaction", "text": text}, key)
+
+
+def open_compaction(token: str, key: bytes | None = None) -> str | None:
+    """The summary in a compaction token, or None (not one of ours, or not a compaction)."""
+    obj = _open(token, key)
+    return obj["text"] if obj is not None and obj.get("kind") == "compaction" else None
+
+
+def _seal(obj: dict[str, object], key: bytes | None) -> str:
+    raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     body = PREFIX + _b64(zlib.compress(raw.encode("utf-8"), 6))
     if key is None:
         return body
@@ -64,6 +82,11 @@ def seal_reasoning(text: str, key: bytes | None = None) -> str:
 
 def open_reasoning(token: str, key: bytes | None = None) -> str | None:
     """The reasoning text in `token`, or None if it is not a readable ignis token."""
+    obj = _open(token, key)
+    return obj["text"] if obj is not None and "kind" not in obj else None
+
+
+def _open(token: str, key: bytes | None) -> dict | None:
     if not isinstance(token, str) or not token.startswith(PREFIX):
         return None
     parts = token.split(".")
@@ -83,4 +106,4 @@ def open_reasoning(token: str, key: bytes | None = None) -> str | None:
         return None
     if not isinstance(obj, dict) or obj.get("v") != 1 or not isinstance(obj.get("text"), str):
         return None
-    return obj["text"]
+    return obj

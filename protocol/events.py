@@ -77,11 +77,14 @@ class TokenLogprob:
         return list(self.token.encode("utf-8", errors="surrogatepass"))
 
     def delta_dict(self) -> dict[str, Any]:
-        """The form inside ``response.output_text.delta`` / ``.done`` events."""
+        """The form inside ``response.output_text.delta`` / ``.done`` events (with ``bytes``,
+        which Open Responses' schema requires there and the SDK's type admits)."""
         return {
             "token": self.token,
+            "bytes": self.wire_bytes(),
             "logprob": wire_logprob(self.logprob),
-            "top_logprobs": [{"token": a.token, "logprob": wire_logprob(a.logprob)} for a in self.top_logprobs],
+            "top_logprobs": [{"token": a.token, "bytes": a.wire_bytes(), "logprob": wire_logprob(a.logprob)}
+                             for a in self.top_logprobs],
         }
 
     def output_dict(self) -> dict[str, Any]:
@@ -106,7 +109,11 @@ def stream_error_event(
     Prefer ``response.failed`` (`ResponseStream.fail`) once ``response.created`` was
     sent; this is for errors outside a response's life.
     """
-    return {"type": "error", "code": code, "message": message, "param": param, "sequence_number": sequence_number}
+    # OpenAI's SDK reads the fields flat; Open Responses' schema wants them in ``error``.
+    error = {"type": "invalid_request_error" if param else "server_error", "code": code, "message": message,
+             "param": param}
+    return {"type": "error", "code": code, "message": message, "param": param, "error": error,
+            "sequence_number": sequence_number}
 
 
 def refusal_stream_error(refusal: Refusal, sequence_number: int = 0) -> dict[str, Any]:

@@ -26,6 +26,7 @@ __all__ = [
     "CustomToolCall",
     "CustomToolCallOutput",
     "Reasoning",
+    "Compaction",
     "Item",
     "ROLES",
     "ITEM_STATUSES",
@@ -219,4 +220,18 @@ class Reasoning:
         return _with_set(d, encrypted_content=self.encrypted_content, status=self.status)
 
 
-Item = Union[Message, FunctionCall, FunctionCallOutput, CustomToolCall, CustomToolCallOutput, Reasoning]
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A ``compaction`` item (`POST /v1/responses/compact`'s output): the earlier
+    conversation's summary, sealed in `encrypted_content` (`protocol.encrypted`). `summary`
+    is not on the wire: the decoder fills it from the token (or refuses the item)."""
+
+    encrypted_content: str
+    id: str | None = None
+    summary: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _with_set({"type": "compaction", "encrypted_content": self.encrypted_content}, id=self.id)
+
+
+Item = Union[Message, FunctionCall, FunctionCallOutput, CustomToolCall, CustomToolCallOutput, Reasoning, Compaction]

@@ -84,30 +84,42 @@ class Usage:
 
 
 def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
-    """The request parameters a response echoes, as OpenAI echoes them."""
+    """The request parameters a response echoes, as OpenAI echoes them: every field of
+    OpenAI's response object, the sampling ones with the values used (a field the
+    request left out has the engine's value for "off": temperature and top_p 1, the
+    penalties 0; a server fills the served model's defaults in before this)."""
+    s = request.sampling
     return {
+        "conversation": None,
+        "frequency_penalty": _number(s.frequency_penalty, 0.0),
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
         "max_tool_calls": None,
         "model": request.model,
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
+        "presence_penalty": _number(s.presence_penalty, 0.0),
+        "prompt": None,
         "prompt_cache_key": request.prompt_cache_key,
         "prompt_cache_retention": request.prompt_cache_retention,
         "reasoning": (request.reasoning.to_wire() if request.reasoning else {"effort": None, "summary": None}),
         "safety_identifier": request.safety_identifier,
         "service_tier": request.service_tier or "default",
         "store": request.store if request.store is not None else False,
-        "temperature": request.temperature,
+        "temperature": _number(request.temperature, 1.0),
         "text": request.text.to_wire(),
         "tool_choice": request.tool_choice.to_wire(),
         "tools": request.tools_to_wire(),
         "top_logprobs": request.top_logprobs if request.top_logprobs is not None else 0,
-        "top_p": request.top_p,
+        "top_p": _number(request.top_p, 1.0),
         "truncation": request.truncation,
         "user": request.user,
         "metadata": dict(request.metadata) if request.metadata else {},
     }
+
+
+def _number(value: float | None, off: float) -> float:
+    return off if value is None else float(value)
 
 
 def new_response(

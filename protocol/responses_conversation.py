@@ -22,6 +22,9 @@ Rules (beyond those in `protocol.conversation`):
   (a custom tool is a one-string function to the template), and
   ``custom_tool_call_output`` a ``tool`` message like a function's result. A call
   with a ``namespace`` is named ``NAMESPACE.NAME``, as its tool is.
+- A ``compaction`` item (the summary `POST /v1/responses/compact` wrote of the turns it
+  replaced) becomes an assistant turn, `COMPACTION_PREFIX` + the summary: the model
+  reads what it said and did before as its own earlier answer.
 - Tools: every function tool. ``tool_choice``: "none" / "auto" / "required"
   map as is; ``{"type": "function", "name"}`` is required + that name; with
   ``allowed_tools`` the tool list is cut to the allowed tools (the template
@@ -40,10 +43,22 @@ from protocol.conversation import (
     ToolChoice,
     join_text,
 )
-from protocol.items import CustomToolCall, CustomToolCallOutput, FunctionCall, FunctionCallOutput, Message, Reasoning
+from protocol.errors import Refusal
+from protocol.items import (
+    Compaction,
+    CustomToolCall,
+    CustomToolCallOutput,
+    FunctionCall,
+    FunctionCallOutput,
+    Item,
+    Message,
+    Reasoning,
+)
 from protocol.request import ResponsesRequest
 
-__all__ = ["Conversation", "to_conversation", "reasoning_text"]
+__all__ = ["Conversation", "to_conversation", "reasoning_text", "check_call_outputs", "COMPACTION_PREFIX"]
+
+COMPACTION_PREFIX = "Summary of the conversation so far: "
 
 
 class Conversation(NamedTuple):
@@ -105,6 +120,10 @@ def _messages(request: ResponsesRequest) -> tuple[ChatMessage, ...]:
                 out.append(ChatMessage("assistant", "", reasoning=pending, tool_calls=(call,)))
                 last_is_turn = True
             pending = None
+        elif isinstance(item, Compaction):
+            out.append(ChatMessage("assistant", COMPACTION_PREFIX + item.summary, reasoning=pending))
+            pending = None
+            last_is_turn = True
         elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
             own = item.name if isinstance(item, FunctionCallOutput) else None
             out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id, name=names.get(item.call_id, own)))
@@ -129,3 +148,21 @@ def _tools(
         return tools, choice
     allowed = set(choice.allowed)
     return tuple(t for t in tools if t.name in allowed), ToolChoice(choice.mode)
+
+
+def check_call_outputs(items: tuple[Item, ...], *, first: int = 0, param: str = "input") -> None:
+    """Every ``function_call_output`` / ``custom_tool_call_output`` in ``items[first:]``
+    answers a call made before it in `items`, else 400 at that item (``items[:first]``:
+    the history behind ``previous_response_id``, already checked)."""
+    calls: set[str] = set()
+    for i, item in enumerate(items):
+        if isinstance(item, (FunctionCall, CustomToolCall)):
+            calls.add(item.call_id)
+        elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)) and i >= first and item.call_id not in calls:
+            kind = "function call" if isinstance(item, FunctionCallOutput) else "custom tool call"
+            raise Refusal(
+                f"No tool call found for {kind} output with call_id '{item.call_id}': an output must answer a "
+                "call made earlier in the conversation.",
+                param=f"{param}[{i - first}].call_id",
+                code="invalid_value",
+            )

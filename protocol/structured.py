@@ -66,15 +66,14 @@ class TextFormat:
         return self.type != "text"
 
     def to_wire(self) -> dict[str, Any]:
-        """Responses' shape (``text.format``), fields as sent."""
+        """Responses' shape (``text.format``), as OpenAI echoes it: every field, the ones
+        not sent as null (``description``) or their default (``strict``: false)."""
         d: dict[str, Any] = {"type": self.type}
         if self.type == "json_schema":
             d["name"] = self.name
             d["schema"] = dict(self.schema or {})
-            if self.description is not None:
-                d["description"] = self.description
-            if self.strict is not None:
-                d["strict"] = self.strict
+            d["description"] = self.description
+            d["strict"] = bool(self.strict)
         return d
 
 

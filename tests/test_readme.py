@@ -7,9 +7,11 @@ the port replaced) and HOME (a temporary folder, so `~/.codex-ignis` is the test
   sampling fields, answers coherently and `completed`, and so do 20 more such requests,
   each under the model's output cap. `make test` is the command CI runs (`.ci/run`); the
   suite cannot run itself.
-- Connect: against the scripted model served under the name `smollm2-135m` with the key
-  `sk-local`, since those blocks print model text: Codex CLI (exec, then resume), the
-  OpenAI SDK over HTTP, SSE and the socket, and curl with server-sent events.
+- Connect: `make clients` first (what `make test` already did: nothing to do then), then,
+  against the scripted model served under the name `smollm2-135m` with the key `sk-local`,
+  since those blocks print model text: Codex CLI (exec, then resume, its catalog read from
+  the server), the OpenAI SDK over HTTP, SSE and the socket, the Agents SDK over HTTP and
+  the socket, and curl with server-sent events.
 """
 
 from __future__ import annotations
@@ -145,24 +147,29 @@ def test_quick_start_as_written(tmp_path: Path):
 def test_connect_blocks_as_written(tmp_path: Path):
     connect = section("Connect a client")
     shell, python = blocks(connect, "sh"), blocks(connect, "python")
-    assert len(shell) == 2 and len(python) == 1, "update this test with the README's blocks"
+    assert len(shell) == 3 and len(python) == 2, "update this test with the README's blocks"
+    install, codex, curl = shell
+    assert connect.lstrip().startswith("```sh\nmake clients") and install.split("#")[0].strip() == "make clients"
     port = free_port()
     env = base_env(tmp_path)
     env["IGNIS_BASE_URL"] = f"http://127.0.0.1:{port}"
     server = Process([sys.executable, "-m", "ignis.serve", "+model=scripted", f"model.script={SCRIPT}",
                       "model.name=smollm2-135m", "server.api_key=sk-local", f"server.port={port}"], env, port)
     try:
+        bash(install, env, timeout=1800)
         server.wait_healthy()
-        codex, curl = (with_port(b, port) for b in shell)
-        out = bash(codex, env)
+        out = bash(with_port(codex, port), env)
         assert out.stdout.count(SCRIPTED_DEFAULT) == 2, out.stdout + out.stderr  # exec, then resume --last
-        assert (tmp_path / ".codex-ignis" / "config.toml").is_file()
-        sdk = subprocess.run([sys.executable, "-c", with_port(python[0], port)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=120)
-        assert sdk.returncode == 0, sdk.stderr
-        assert sdk.stdout.count(SCRIPTED_DEFAULT) == 2, sdk.stdout  # responses.create, then the stream
-        sse = bash(curl, env).stdout
+        config = (tmp_path / ".codex-ignis" / "config.toml").read_text()
+        assert "model_catalog_url" in config and "model_catalog_json" not in config  # no catalog file
+        for block, runs in zip(python, (3, 2)):  # SDK: create, stream, socket; Agents: HTTP, socket
+            got = subprocess.run([sys.executable, "-c", with_port(block, port)], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=120)
+            assert got.returncode == 0, got.stderr
+            assert got.stdout.count(SCRIPTED_DEFAULT) == runs, got.stdout
+        sse = bash(with_port(curl, port), env).stdout
         assert "event: response.completed" in sse and SCRIPTED_DEFAULT.split()[0] in sse
     finally:
         log = server.stop()
     assert "sk-local" not in log
+    assert "GET /v1/models" in log  # Codex read the model's metadata from the server

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ignis.model.layers import Linear
 from ignis.model.transformer import Transformer
+from kernels import cpu_platform
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def pack_linear_weights(model: Transformer, batch_hint: int = BATCH_HINT) -> Lin
         or getattr(model, "weight_form", "float32") != "float32"  # packed at load (ignis/model/packed.py)
         or model.device.type != "cpu"
         or model.dtype != torch.float32
-        or not torch.backends.mkldnn.is_available()
+        or not cpu_platform.current().has_gemm("fp32")  # oneDNN's fp32 GEMM runs here (probed)
     ):
         return None
     linears = [m for m in model.modules() if isinstance(m, Linear)]

@@ -154,7 +154,8 @@ class ModelRunner:
         # Decode steps of int4/int8 CPU models: every layer in one native call; decode rows
         # of the steps left eager (other forms, wider batches): the native attention.
         native = native_decode and self.use_cpu_attention and cpu_native.load()
-        self.native = NativeDecoder.build(model) if native else None
+        # (Families whose layer the op does not compute stay eager: Transformer.native_decode_ok.)
+        self.native = NativeDecoder.build(model) if native and getattr(model, "native_decode_ok", True) else None
         self.cpu_attention = NativeCpuAttention if native else CpuAttention
         if self.native is not None:
             log.info("decode steps run natively (kernels/cpu/decode.cpp)")
@@ -294,7 +295,9 @@ class ModelRunner:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [N, vocab] of final hidden rows (tensor parallelism gathers them here)."""
-        return self.model.compute_logits(hidden) if self.head_op is None else self.head_op(hidden).float()
+        if self.head_op is None:
+            return self.model.compute_logits(hidden)
+        return self.model.finish_logits(self.head_op(hidden).float())
 
     def close(self) -> None:
         """Release what the runner holds beyond memory (tensor parallelism: its workers)."""

@@ -1,17 +1,20 @@
 """The LM head of the packed CPU weight forms: a GEMM sized to the step's rows, then the
 exact top.
 
-    head = RefinedHead(rows=table, wide=Bf16Linear(w, None), narrow=Int8DynamicHead(w))
+    head = RefinedHead(rows=table, wide=wide_linear(w, "bf16"), narrow=Int8DynamicHead(w))
     logits = head(hidden)   # [M, vocab] fp32
 
 The head streams the whole vocabulary's weights (49152 x 576 for SmolLM2) at every step,
 which at one sampling row makes it the largest single cost of a decode step. Two GEMMs:
 
   narrow  (at most NARROW_ROWS rows): int8 weights, one scale per vocabulary row, through
-          torch's dynamic-quantized linear (fbgemm: activations quantized per row to uint8,
-          VNNI int8 dot products). Half bf16's bytes; measured 4x faster than oneDNN bf16 at
-          one row, 3x at four (RESULTS.md, session 6).
-  wide    (more rows, or no narrow GEMM): oneDNN bf16, the more accurate of the two (the
+          torch's dynamic-quantized linear (fbgemm: the step's activations quantized to
+          uint8, int8 dot products). Half bf16's bytes; measured 4x faster than oneDNN bf16
+          at one row, 3x at four (RESULTS.md). Full 8-bit activations need VNNI: without
+          it fbgemm's products pass a saturating 16-bit add, and 7-bit activations
+          (torch's reduce_range) keep them exact at twice the rounding.
+  wide    (more rows, or no narrow GEMM): the plan's wide GEMM (oneDNN bf16, else fbgemm
+          fp16, else fp32: ignis/model/weight_plan.py), the more accurate of the two (the
           int8 GEMM's activation rounding moves logits ~4% of the largest, bf16's ~0.5%).
 
 Either way each row's top candidates are then recomputed in fp32 from the exact rows (the
@@ -33,7 +36,7 @@ import torch
 log = logging.getLogger(__name__)
 
 # Rows up to which the narrow (int8) GEMM serves when a wide one exists too: a one-user
-# engine's steps (packed.ONE_USER_MAX_SEQS), where the head's weights dominate its time.
+# engine's steps (weight_plan.ONE_USER_MAX_SEQS), where the head's weights dominate its time.
 NARROW_ROWS = 4
 # Candidates recomputed exactly per row, by the GEMM that ranked them (int8's larger error
 # needs more to keep fp32's best among them, and to bring perplexity back within 0.2%).
@@ -45,12 +48,14 @@ Gemm = Callable[[torch.Tensor], torch.Tensor]
 
 class Int8DynamicHead:
     """y = x W^T with W as int8, one scale per output row (absmax / 127), and x quantized
-    per call by torch's dynamic-quantized linear (full 8-bit range: fbgemm's 7-bit
-    `reduce_range` only matters for CPUs without VNNI and doubles the error). fp32 in, fp32 out."""
+    per call by torch's dynamic-quantized linear: at the full 8-bit range where the CPU has
+    VNNI (`full_range`), else at 7 bits (`reduce_range`: exact without VNNI, twice the
+    rounding). fp32 in, fp32 out."""
 
     form = "int8-dynamic"
 
-    def __init__(self, w: torch.Tensor) -> None:
+    def __init__(self, w: torch.Tensor, full_range: bool = True) -> None:
+        self.reduce_range = not full_range
         w = w.float()
         n = w.shape[0]
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
@@ -64,14 +69,14 @@ class Int8DynamicHead:
         self.nbytes = w.numel() + n * 8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, False)
+        return torch.ops.quantized.linear_dynamic(x.float().contiguous(), self.packed, self.reduce_range)
 
 
-def int8_dynamic_head(w: torch.Tensor) -> Int8DynamicHead | None:
+def int8_dynamic_head(w: torch.Tensor, full_range: bool = True) -> Int8DynamicHead | None:
     """The narrow head over `w` [vocab, hidden], or None where this torch build has no
     dynamic-quantized linear (then the wide head serves every row)."""
     try:
-        head = Int8DynamicHead(w)
+        head = Int8DynamicHead(w, full_range)
         head(torch.zeros(1, w.shape[1]))
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         log.warning("no int8 dynamic-quantized head (%s); the bf16 head serves every row", exc)

@@ -30,13 +30,21 @@ if TYPE_CHECKING:  # packed.py imports gguf, which an image without it never nee
 log = logging.getLogger(__name__)
 
 
+# The wide GEMMs decode.cpp calls, by PackedLinear.form (its `wide_kind` argument).
+_WIDE_KINDS = {"bf16": 0, "fp16": 1, "fp32": 2}
+
+
 def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
-    """(the int4/int8 GEMM, the mixed form's bf16 GEMM for wider steps or None); (None, None)
-    when the op is neither."""
+    """(the int4/int8 GEMM, the mixed form's wide GEMM for wider steps or None); (None, None)
+    when the op is neither, or its wide GEMM is one the native op does not call."""
     from ignis.model.packed import Int4Linear, Int8Linear, MixedLinear
 
     if isinstance(op, MixedLinear):
+        if op.wide.form not in _WIDE_KINDS or getattr(op.wide, "packed", None) is None:
+            return None, None
         return _split(op.narrow)[0], op.wide
+    if isinstance(op, Int4Linear) and not op.native:
+        return None, None
     if isinstance(op, Int4Linear | Int8Linear):
         return op, None
     return None, None
@@ -45,20 +53,22 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
 class NativeDecoder:
     def __init__(self, model: Transformer, gemms: list[PackedLinear], wide: list[PackedLinear]) -> None:
         from ignis.model.gguf_quant import GROUP
-        from ignis.model.packed import Bf16Linear, Int4Linear, Int8Linear
+        from ignis.model.packed import Int4Linear, Int8Linear
 
         c = model.config
         self.model = model
-        # The mixed form's bf16 GEMMs (oneDNN-packed weights) for steps of more rows.
-        assert all(isinstance(w, Bf16Linear) for w in wide)
+        # The mixed form's kept GEMMs for steps of more rows: oneDNN bf16, fbgemm fp16 or
+        # oneDNN fp32 packed weights, one kind for the whole model.
         self.wide = [w.packed for w in wide]
+        self.wide_kind = _WIDE_KINDS[wide[0].form] if wide else 0
         # Per projection: int4 (1) or int8 (0); Q4_K_M files, say, keep some at Q6_K (int8).
         self.int4 = [int(isinstance(g, Int4Linear)) for g in gemms]
         self.weights: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
         for g in gemms:
             if isinstance(g, Int4Linear):
-                self.weights += [g.packed, g.scales_zeros]
+                assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
+                self.weights += [g.nibbles, g.scales_offsets]
             else:
                 assert isinstance(g, Int8Linear)
                 self.weights += [g.weight, g.scale]
@@ -74,7 +84,7 @@ class NativeDecoder:
         self._caches: tuple[KVCaches, list[torch.Tensor], list[torch.Tensor]] | None = None
         self.windows = [layer.self_attn.sliding_window or 0 for layer in model.layers]
         self.args = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps),
-                     float(model.layers[0].self_attn.scale), self.int4, GROUP, NARROW_ROWS)
+                     float(model.layers[0].self_attn.scale), self.int4, GROUP, NARROW_ROWS, self.wide_kind)
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> NativeDecoder | None:
@@ -100,7 +110,7 @@ class NativeDecoder:
             norms = [layer.input_layernorm, layer.post_attention_layernorm]
             if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
                 return None
-        if len(wide) not in (0, len(gemms)):
+        if len(wide) not in (0, len(gemms)) or len({w.form for w in wide}) > 1:
             return None
         if not cpu_native.load():
             return None

@@ -1,44 +1,39 @@
-"""Compact CPU weight forms, built once at load: the GEMM's own layout is the only copy.
+"""Compact CPU weight forms, built once at load from a GGUF file's blocks.
 
-Forms (`model.weight_form`):
-  float32    every tensor dequantized to fp32 (the engine adds oneDNN-packed copies,
-             see ignis/engine/cpu_weights.py): the reference, and HF checkpoints' default.
-  bfloat16   projections and LM head as oneDNN-packed bf16 (AVX512-BF16 GEMMs).
-  quantized  the file's quantization kept: 4-bit blocks (Q4_0, Q4_1, Q4_K) become torch's
-             int4 weight-only GEMM with one (scale, zero) per 32 inputs, exactly the file's
-             values; other types (Q8_0, Q5_x, Q6_K, f16, ...) become int8 with one scale per
-             output row (requantized: a small loss, measured in RESULTS.md). Steps of
-             WIDEN_ROWS rows or more (prefill chunks) widen each weight to bf16 for the
-             step and run oneDNN's bf16 GEMM (2x faster there; no copy kept).
-  mixed      both of the above for every projection: steps of at most NARROW_ROWS rows
-             (one user's decode) through the quantized GEMM, which streams a quarter of
-             bf16's bytes, wider steps (batches, prefill chunks) through bf16's, which
-             computes 1.7-2.6x faster from 16 rows. The memory of both.
-The LM head (ignis/model/lm_head.py), in both packed forms: int8 with dynamic-quantized
-activations for steps of few sampling rows (4x faster than bf16 at one row), bf16 oneDNN
-for more (the more accurate; not built for an engine of at most 4 sequences), each row's
-top candidates then recomputed in fp32 from exact rows (a rounded head flips near-ties).
-Activations stay fp32: each GEMM casts its input to bf16 and its output back (torch's
-CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32 at decode sizes,
-measured; the casts cost ~2 us per GEMM). The KV cache is stored in bf16 for these forms
-(engine.kv_cache_dtype auto; half the memory) and widened to fp32 where attention reads
-it. The embedding table keeps the file's form (Q8_0: int8 values with their block scales, exact) and is
-dequantized row by row as tokens are looked up. A tied head is therefore the only tensor
-held more than once (the table for lookups, the head's GEMM forms).
+Which form, and which GEMMs each is built from on this machine, is decided by
+ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
+  Int4Linear   4-bit weights, one (scale, zero) per 32 inputs: a 4-bit block file's values
+               exactly (Q4_0, Q4_1, Q4_K), in a layout of ours, through the native op's int4
+               GEMM (kernels/cpu/int4_gemm.h), or torch's where the op cannot be built.
+  Int4PairLinear  5- to 8-bit blocks (Q5_0, Q5_1, Q5_K, Q8_0) exactly, as two int4 weights
+               (q = 16 hi + lo) through the same native GEMM.
+  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K,
+               whose scales span 16 inputs; F16/BF16/F32; and
+               4-bit blocks below the avx512 tier: requantized, a small loss measured in
+               RESULTS.md).
+  Bf16Linear / Fp16Linear / Fp32Linear   kept wide copies: oneDNN bf16, fbgemm fp16 weights
+               with fp32 activations, oneDNN fp32.
+  MixedLinear  a narrow (int4/int8) and a wide op over one weight, chosen by the step's rows.
+Steps of WIDEN_ROWS rows or more (prefill chunks) through an int4/int8 op widen its weight
+for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster there, no
+copy kept. Activations stay fp32 between GEMMs: each op casts its input to what its kernel
+takes (torch's CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32 at decode
+sizes, measured; the casts cost ~2 us per GEMM). The LM head is ignis/model/lm_head.py's.
+The embedding table keeps the file's form (Q8_0: int8 values with their block scales,
+exact) and is dequantized row by row as tokens are looked up, so a tied head is the only
+tensor held twice (the table for lookups, the head's GEMMs).
 
-Why these kernels, measured on the 2-core Zen 5 machine (experiments/bench_cpu_linear.py,
-RESULTS.md 2026-12-01): with bf16 activations, torch's int4 and int8 weight-only GEMMs
-match oneDNN bf16 at one row (SmolLM2's per-layer GEMMs: 129 vs 136 us), but are 1.7-2.6x
-slower from 16 rows; with fp32 activations they fall back to a scalar loop (20-500x slower).
-So `auto` keeps the file's quantization where the engine mostly runs one row (a one-user
-engine, max_num_seqs <= 4) and packs bf16 where it batches.
+Measured (experiments/bench_cpu_linear.py; RESULTS.md): with bf16 activations, torch's int4
+and int8 GEMMs match oneDNN bf16 at one row on AVX-512 but are 1.7-2.6x slower from 16
+rows; with fp32 activations they fall back to a scalar loop (20-500x slower).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Literal
+from dataclasses import replace
 
 import gguf
 import numpy as np
@@ -47,148 +42,180 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from ignis.model.config import ModelConfig
-from ignis.model.gguf_loader import ignis_name, unpermute_rope_rows
-from ignis.model.gguf_quant import GROUP, INT4_TYPES, decode_int4, decode_q8_0
-from ignis.model.layers import Linear
+from ignis.model.families import family
+from ignis.model.gguf_loader import ignis_name, rope_heads, unpermute_rope_rows
+from ignis.model.gguf_quant import GROUP, INT4_TYPES, WIDE_INT_TYPES, decode_int4, decode_q8_0, decode_wide_int
+from ignis.model.layers import Experts, Linear
 from ignis.model.lm_head import NARROW_ROWS, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
+from ignis.model.weight_plan import WeightPlan
+from kernels import cpu_native, cpu_platform
 
 log = logging.getLogger(__name__)
 
-WeightForm = Literal["auto", "float32", "bfloat16", "quantized", "mixed"]
-WEIGHT_FORMS = ("auto", "float32", "bfloat16", "quantized", "mixed")
-# The largest engine batch (max_num_seqs) for which `auto` keeps a file's quantization.
-ONE_USER_MAX_SEQS = 4
 # oneDNN's blocked layout is chosen for this many rows; see cpu_weights.BATCH_HINT.
 _BATCH_HINT = 64
-# From this many rows (prefill chunks), the quantized forms widen their weight to bf16
-# for the step and run oneDNN's bf16 GEMM: SmolLM2's projections at 2048 rows 2.0-2.6x
-# faster than torch's int4 / int8 GEMMs, the widening (~1 ms per million weights)
-# included; even at ~200 rows. No copy is kept (the mixed form keeps one).
+# From this many rows (prefill chunks), the quantized forms widen their weight (bf16 for
+# oneDNN's bf16 GEMM, fp32 where there is none) for the step and multiply densely:
+# SmolLM2's projections at 2048 rows 2.0-2.6x faster than torch's int4 / int8 GEMMs on
+# AVX-512, the widening (~1 ms per million weights) included; even at ~200 rows. No copy
+# is kept (the mixed form keeps one).
 WIDEN_ROWS = 256
 # The widening goes this many weight elements at a time (a bounded temporary).
 _WIDEN_ELEMENTS = 1 << 22
-
-
-def resolve_weight_form(form: str, *, kind: str, device: torch.device, max_num_seqs: int | None) -> str:
-    """`auto` -> a concrete form: on the CPU, a GGUF keeps its quantization for a one-user
-    engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is `mixed` otherwise (quantized for
-    one-row steps, bf16 for batches); HF checkpoints and CUDA keep float32 (the model's
-    dtype decides as before)."""
-    if form not in WEIGHT_FORMS:
-        raise ValueError(f"unknown weight form {form!r}; expected one of {WEIGHT_FORMS}")
-    if form != "auto":
-        if form != "float32" and device.type != "cpu":
-            raise ValueError(f"weight form {form!r} is a CPU form; use float32 (and model.dtype) on {device}")
-        return form
-    if device.type != "cpu" or kind != "gguf":
-        return "float32"
-    return "quantized" if (max_num_seqs or 64) <= ONE_USER_MAX_SEQS else "mixed"
 
 
 # -- GEMM ops ---------------------------------------------------------------------------
 
 
 class PackedLinear:
-    """y = x W^T (+ b) over a packed W: x [T, K] fp32 (or bf16), y [T, N] fp32; the
-    GEMM itself runs on bf16 activations (`_mm`)."""
+    """y = x W^T (+ b) over a packed W: x [T, K], y [T, N], both fp32; each GEMM casts its
+    input to the dtype its kernel takes (`_mm`)."""
 
     form = ""
     nbytes = 0
+    bias: torch.Tensor | None = None
+    in_features = 0
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._mm(x.to(torch.bfloat16)).float()
+        y = self._mm(x.float())
         return y if self.bias is None else y + self.bias
 
     def dense(self) -> torch.Tensor:
         """W as fp32 [N, K] (tests and accuracy checks; computed through the op itself)."""
-        k = self.in_features
-        eye = torch.eye(k, dtype=torch.bfloat16)
+        eye = torch.eye(self.in_features)
         bias, self.bias = self.bias, None
         try:
-            return self(eye).float().t().contiguous()
+            return self(eye).t().contiguous()
         finally:
             self.bias = bias
 
-    bias: torch.Tensor | None = None
-    in_features = 0
 
-
-# torch's CPU int4 packing interleaves output rows in blocks of this many.
-_INT4_BLOCK_N = 64
-
-
-def _widened_mm(x: torch.Tensor, n: int, widen: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
-    """x [T, K] bf16 @ W^T through oneDNN's bf16 GEMM, W [n, K] widened by `widen(n0, n1)`
-    a slice of output rows at a time (multiples of 64)."""
-    step = max(_INT4_BLOCK_N, _WIDEN_ELEMENTS // x.shape[1] // _INT4_BLOCK_N * _INT4_BLOCK_N)
+def _widened_mm(x: torch.Tensor, n: int, widen: Callable[[int, int, torch.dtype], torch.Tensor],
+                dtype: torch.dtype) -> torch.Tensor:
+    """x [T, K] fp32 @ W^T, W [n, K] widened to `dtype` by `widen(n0, n1, dtype)` a slice of
+    output rows at a time (a bounded temporary); fp32 out."""
+    xd = x.to(dtype)
+    mm = _fp32_mm if dtype == torch.float32 and cpu_platform.current().has_gemm("fp32") else F.linear
+    step = max(64, _WIDEN_ELEMENTS // x.shape[1] // 64 * 64)
     if step >= n:
-        return F.linear(x, widen(0, n))
-    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+        return mm(xd, widen(0, n, dtype)).float()
+    y = torch.empty(x.shape[0], n, dtype=dtype)
     for n0 in range(0, n, step):
         n1 = min(n, n0 + step)
-        y[:, n0:n1] = F.linear(x, widen(n0, n1))
-    return y
+        y[:, n0:n1] = mm(xd, widen(n0, n1, dtype))
+    return y.float()
+
+
+def _fp32_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T through oneDNN's fp32 GEMM on a plain weight: ~10% faster than MKL's sgemm on
+    AVX2 at prefill sizes (SmolLM2's projections, 1024 rows, measured on the avx2 tier)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
 class Int4Linear(PackedLinear):
-    """torch's CPU int4 weight-only GEMM (group 32): bf16 in, bf16 out."""
+    """4-bit weights with one (scale, offset) per 32 inputs, w = q * scale + offset, held in a
+    layout of ours: two values a byte (element 2i of a row in the low nibble of byte i, 2i + 1
+    in the high one) and fp32 (scale, offset) pairs [N, K/32, 2] (a 4-bit block file's values
+    exactly). Steps of fewer than WIDEN_ROWS rows go through the native op's int4 GEMM over
+    exactly these (kernels/cpu/int4_gemm.h, fp32 activations) where it is built; elsewhere
+    through torch's int4 weight-only GEMM over a packing of its own, made only then (bf16
+    activations and scales; its layout is private and differs between CPUs, so it is never
+    read back). From WIDEN_ROWS rows the weight is widened and multiplied densely."""
 
     form = "int4"
 
-    def __init__(self, q: np.ndarray, scale: np.ndarray, zero: np.ndarray, bias: torch.Tensor | None) -> None:
-        k = q.shape[1]
-        self.in_features = k
-        # The packing op takes int32 values in [0, 16); the scales go [K/32, N, 2].
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
-        sz = np.stack((scale.T, zero.T), axis=-1)
-        self.scales_zeros = torch.from_numpy(np.ascontiguousarray(sz)).to(torch.bfloat16)
+    def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16, native: bool | None = None) -> None:
+        self.in_features = q.shape[1]
+        self.nibbles = torch.from_numpy(np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8))
+        self.scales_offsets = torch.from_numpy(np.ascontiguousarray(np.stack((scale, offset), axis=-1), dtype=np.float32))
+        self.native = cpu_native.load() if native is None else native
+        self.packed: torch.Tensor | None = None
+        self.torch_scales_zeros: torch.Tensor | None = None
+        if not self.native:  # torch's op: int32 values in [0, 16), (q - 8) * s + z with [K/32, N, 2] bf16 (s, z)
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
+            so = self.scales_offsets
+            sz = torch.stack((so[..., 0], so[..., 1] + 8 * so[..., 0]), dim=-1)
+            self.torch_scales_zeros = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.widen_to = widen_to
         self.bias = bias
-        self.nbytes = self.packed.numel() + self.scales_zeros.numel() * 2
+        self.nbytes = self.nibbles.numel() + 4 * self.scales_offsets.numel() + (
+            0 if self.packed is None else self.packed.numel() + 2 * self.scales_offsets.numel())
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS and self.packed.shape[0] % _INT4_BLOCK_N == 0:
-            return _widened_mm(x, self.packed.shape[0], self.widen)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
+        if self.packed is None:
+            return torch.ops.ignis_cpu.int4_gemm(x.contiguous(), self.nibbles, self.scales_offsets)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP,
+                                                          self.torch_scales_zeros).float()
 
-    def widen(self, n0: int, n1: int) -> torch.Tensor:
-        """Rows [n0, n1) of W as bf16: (q - 8) * scale + zero computed in fp32, as the int4
-        GEMM does, then rounded. n0, n1: multiples of 64. torch's CPU packing stores each
-        64 output rows as [K, 32] bytes: byte j of input k holds row j (low nibble) and
-        row j + 32 (high nibble)."""
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
         k = self.in_features
-        b = self.packed.view(torch.uint8).view(-1, k, _INT4_BLOCK_N // 2)[n0 // _INT4_BLOCK_N : n1 // _INT4_BLOCK_N]
-        q = torch.cat([b & 15, b >> 4], dim=2).transpose(1, 2).reshape(n1 - n0, k // GROUP, GROUP)
-        sz = self.scales_zeros[:, n0:n1].float().transpose(0, 1)  # [rows, K/32, 2]
-        w = (q.float() - 8.0) * sz[..., :1] + sz[..., 1:]
-        return w.view(n1 - n0, k).to(torch.bfloat16)
+        b = self.nibbles[n0:n1]
+        q = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, k // GROUP, GROUP)
+        so = self.scales_offsets[n0:n1]
+        w = q.float() * so[..., :1] + so[..., 1:]
+        return w.view(n1 - n0, k).to(dtype)
+
+
+class Int4PairLinear(PackedLinear):
+    """5- to 8-bit block weights (Q5_0, Q5_1, Q5_K, Q8_0: w = q * scale + offset per 32
+    inputs, q < 256) exactly, as two int4 weights over the same input: q = 16 hi + lo, so
+    w = (lo * scale + offset) + hi * (16 scale). Two native int4 GEMMs at small steps (1.5
+    bytes a weight with the scales, against int8's 1 and its per-row requantization); one
+    widened GEMM over their sum from WIDEN_ROWS rows."""
+
+    form = "int4x2"
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        self.in_features = q.shape[1]
+        self.lo = Int4Linear(q & 15, scale, offset, None, widen_to, native=True)
+        self.hi = Int4Linear(q >> 4, 16 * scale, np.zeros_like(offset), None, widen_to, native=True)
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = self.lo.nbytes + self.hi.nbytes
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.lo.nibbles.shape[0], self.widen, self.widen_to)
+        return self.lo._mm(x) + self.hi._mm(x)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype`: the two halves' fp32 values summed, then rounded."""
+        return (self.lo.widen(n0, n1, torch.float32) + self.hi.widen(n0, n1, torch.float32)).to(dtype)
 
 
 class Int8Linear(PackedLinear):
-    """torch's CPU int8 weight-only GEMM, one scale per output row (absmax / 127)."""
+    """torch's CPU int8 weight-only GEMM (bf16 activations), one scale per output row
+    (absmax / 127). From WIDEN_ROWS rows the weight is widened to `widen_to` instead."""
 
     form = "int8"
 
-    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, widen_to: torch.dtype = torch.bfloat16) -> None:
         w = w.float()
         self.in_features = w.shape[1]
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         self.weight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         self.scale = scale.to(torch.bfloat16)
+        self.widen_to = widen_to
         self.bias = bias
         self.nbytes = self.weight.numel() + self.scale.numel() * 2
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= WIDEN_ROWS:
-            return _widened_mm(x, self.weight.shape[0], self.widen)
-        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
+            return _widened_mm(x, self.weight.shape[0], self.widen, self.widen_to)
+        return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scale).float()
 
-    def widen(self, n0: int, n1: int) -> torch.Tensor:
-        """Rows [n0, n1) of W as bf16 (q * scale in fp32, then rounded)."""
-        return (self.weight[n0:n1].float() * self.scale[n0:n1, None].float()).to(torch.bfloat16)
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype` (q * scale in fp32, then rounded)."""
+        return (self.weight[n0:n1].float() * self.scale[n0:n1, None].float()).to(dtype)
 
 
 class Bf16Linear(PackedLinear):
@@ -203,14 +230,64 @@ class Bf16Linear(PackedLinear):
         self.nbytes = w.numel() * 2
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "").float()
+
+
+class Fp16Linear(PackedLinear):
+    """fbgemm's GEMM over fp16 weights with fp32 activations (AVX2 + F16C): the wide GEMM
+    where oneDNN has no bf16. torch marks the op deprecated; it is there in the pinned torch."""
+
+    form = "fp16"
+
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.in_features = w.shape[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.packed = torch.ops.aten.fbgemm_pack_gemm_matrix_fp16(w.float().contiguous())
+        self.zeros = torch.zeros(w.shape[0])  # the op takes a bias; ours is added after
+        self.bias = bias
+        self.nbytes = w.numel() * 2
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.fbgemm_linear_fp16_weight(x.contiguous(), self.packed, self.zeros)
+
+
+class Fp32Linear(PackedLinear):
+    """fp32 weights: oneDNN's GEMM over a reordered copy where oneDNN runs, else F.linear."""
+
+    form = "fp32"
+
+    def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, onednn: bool = True) -> None:
+        w = w.float().contiguous()
+        self.in_features = w.shape[1]
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, _BATCH_HINT) if onednn else None
+        self.weight = None if onednn else w
+        self.bias = bias
+        self.nbytes = w.numel() * 4
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+
+def wide_linear(w: torch.Tensor, kind: str, bias: torch.Tensor | None = None) -> PackedLinear:
+    """A kept wide GEMM of `kind` (WeightPlan.wide: bf16, fp16 or fp32) over W [N, K]."""
+    if kind == "bf16":
+        return Bf16Linear(w, bias)
+    if kind == "fp16":
+        return Fp16Linear(w, bias)
+    if kind == "fp32":
+        return Fp32Linear(w, bias, onednn=cpu_platform.current().has_gemm("fp32"))
+    raise ValueError(f"unknown wide GEMM {kind!r}")
 
 
 class MixedLinear(PackedLinear):
     """Two GEMMs over the same weight: `narrow` (the file's quantization) for steps of at
-    most NARROW_ROWS rows, `wide` (bf16) for more. The bias is added once, here."""
+    most NARROW_ROWS rows, `wide` (a kept bf16, fp16 or fp32 copy) for more. The bias is
+    added once, here."""
 
-    def __init__(self, narrow: PackedLinear, wide: Bf16Linear, bias: torch.Tensor | None) -> None:
+    def __init__(self, narrow: PackedLinear, wide: PackedLinear, bias: torch.Tensor | None) -> None:
         self.narrow, self.wide = narrow, wide
         self.in_features = wide.in_features
         self.form = f"{narrow.form}+{wide.form}"
@@ -257,68 +334,93 @@ class DenseEmbedding:
 
 
 class _Raw:
-    """One GGUF tensor as stored: raw block rows [N, row_bytes] (Q/K rows un-permuted)."""
+    """One GGUF tensor as stored: raw block rows [N, row_bytes] (Q/K rows un-permuted); a
+    stacked [E, N, K] tensor (a mixture's experts) as E * N rows."""
 
-    def __init__(self, t: gguf.ReaderTensor, n_head: int | None) -> None:
+    def __init__(self, t: gguf.ReaderTensor | None, n_head: int | None, *, qtype: QT | None = None,
+                 shape: tuple[int, ...] | None = None, data: np.ndarray | None = None) -> None:
+        if t is None:  # a slice of another (see rows)
+            self.qtype, self.shape, self.data = qtype, shape, data
+            return
         self.qtype = t.tensor_type
         self.shape = tuple(int(d) for d in reversed(t.shape))
         data = np.asarray(t.data)
-        if len(self.shape) == 2:
-            data = data.reshape(self.shape[0], -1)
+        if len(self.shape) >= 2:
+            data = data.reshape(int(np.prod(self.shape[:-1])), -1)
             if n_head is not None:
                 data = unpermute_rope_rows(data, n_head)
         self.data = data
 
+    def rows(self, r0: int, r1: int) -> _Raw:
+        """Rows [r0, r1) of the row-flattened tensor, as a 2-D tensor of its own."""
+        return _Raw(None, None, qtype=self.qtype, shape=(r1 - r0, self.shape[-1]), data=self.data[r0:r1])
+
     def dense(self) -> np.ndarray:
+        cols = self.shape[-1]
         if self.qtype == QT.F32:
             return np.array(self.data, dtype=np.float32).reshape(self.shape)  # a copy: not the memmap
         if self.qtype in INT4_TYPES:  # vectorised here: ~10x faster than the gguf package's
-            q, s, z = decode_int4(self.data, self.qtype, self.shape[1])
-            w = (q.reshape(self.shape[0], -1, GROUP).astype(np.float32) - 8) * s[..., None] + z[..., None]
+            q, s, o = decode_int4(self.data, self.qtype, cols)
+            w = q.reshape(q.shape[0], -1, GROUP).astype(np.float32) * s[..., None] + o[..., None]
             return w.reshape(self.shape)
         if self.qtype == QT.Q8_0:
-            q, s = decode_q8_0(self.data, self.shape[1])
-            w = q.reshape(self.shape[0], -1, GROUP).astype(np.float32) * s.astype(np.float32)[..., None]
+            q, s = decode_q8_0(self.data, cols)
+            w = q.reshape(q.shape[0], -1, GROUP).astype(np.float32) * s.astype(np.float32)[..., None]
             return w.reshape(self.shape)
         w = gguf.quants.dequantize(self.data, self.qtype)
         return np.asarray(w, dtype=np.float32).reshape(self.shape)
 
 
 def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[str, _Raw]]:
-    permuted = reader.get_field("general.architecture").contents() == "llama"
+    """(ignis name, raw tensor) by the family's map, Q/K rows un-permuted where its files
+    permute them."""
+    fam = family(config.family)
     for t in reader.tensors:
-        name = ignis_name(t.name)
+        name = ignis_name(t.name, fam)
         if name is None:
             continue
-        n_head = None
-        if permuted and name.endswith(".weight") and (".q_proj." in name or ".k_proj." in name):
-            n_head = config.num_heads if ".q_proj." in name else config.num_kv_heads
-        if permuted and name.endswith(".bias") and (".q_proj." in name or ".k_proj." in name):
+        heads = rope_heads(name, config) if fam.gguf_rope_permuted else None
+        if heads is not None and name.endswith(".bias"):
             raise NotImplementedError("permuted Q/K biases")  # llama GGUFs carry none
-        yield name, _Raw(t, n_head)
+        yield name, _Raw(t, heads)
 
 
-def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, form: str) -> PackedLinear:
-    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight)."""
-    if form == "mixed":
-        narrow = _build_linear(parts, None, "quantized")
-        wide = _build_linear(parts, None, "bfloat16")
-        assert isinstance(wide, Bf16Linear)
-        return MixedLinear(narrow, wide, bias)
-    if form == "quantized" and all(p.qtype in INT4_TYPES for p in parts):
-        cols = parts[0].shape[1]
+def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan, pairs: bool = False) -> PackedLinear:
+    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight). `pairs`: hold
+    5- to 8-bit blocks exactly as int4 pairs (the native decode op takes int4 and int8
+    projections only: models it runs keep int8 for those)."""
+    if plan.form == "mixed":
+        narrow = _build_linear(parts, None, replace(plan, form="quantized"), pairs)
+        return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
+    widen_to = torch.bfloat16 if plan.widen_to == "bf16" else torch.float32
+    rows = sum(p.shape[0] for p in parts)
+    torch_int4 = rows % 16 == 0  # what torch's int4 packing takes, where the native op is not built
+    if plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES for p in parts) and (
+            torch_int4 or cpu_native.load()):
+        cols = parts[0].shape[-1]
         decoded = [decode_int4(p.data, p.qtype, cols) for p in parts]
         q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
-        return Int4Linear(q, s, z, bias)
-    w = torch.from_numpy(np.concatenate([p.dense() for p in parts]))
-    return Int8Linear(w, bias) if form == "quantized" else Bf16Linear(w, bias)
+        return Int4Linear(q, s, z, bias, widen_to)
+    if pairs and plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES | WIDE_INT_TYPES for p in parts) and (
+            cpu_native.load()):
+        cols = parts[0].shape[-1]
+        decoded = [(decode_int4 if p.qtype in INT4_TYPES else decode_wide_int)(p.data, p.qtype, cols) for p in parts]
+        q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
+        return Int4PairLinear(q, s, z, bias, widen_to)
+    if plan.form == "quantized":
+        return Int8Linear(_dense(parts), bias, widen_to)
+    return wide_linear(_dense(parts), plan.wide, bias)
+
+
+def _dense(parts: list[_Raw]) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate([p.dense() for p in parts]))
 
 
 def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | DenseEmbedding:
     """Row lookups in the file's form: Q8_0 as int8 + block scales (exact), else fp32 rows
     (bf16 when the file holds them at 16 bits or fewer)."""
     if raw.qtype == QT.Q8_0:
-        q, s = decode_q8_0(raw.data, raw.shape[1])
+        q, s = decode_q8_0(raw.data, raw.shape[-1])
         return Q8Embedding(q, s, dtype)
     small = raw.qtype in (QT.F16, QT.BF16) or raw.qtype in INT4_TYPES
     w = torch.from_numpy(raw.dense())
@@ -331,77 +433,124 @@ def _meta_param(p: torch.nn.Parameter) -> torch.nn.Parameter:
 
 
 class _FusedWeights:
-    """A model's fused GEMMs (q|k|v, o, gate|up, down per layer), each built as a packed op
-    of `form` as soon as its parts (and biases) have come out of the file."""
+    """A model's GEMMs, each built as a packed op of `form` as soon as its parts (and biases)
+    have come out of the file: every Linear but a mixture's router (kept fp32: small, and
+    it decides which experts run), fused ones (the family's packed_modules: q|k|v, gate|up)
+    from their parts or whole when the file stores them fused (Phi-3), and each MoE layer's
+    experts, one (gate|up, down) pair of GEMMs per expert from the file's stacked tensors."""
 
-    def __init__(self, model: Transformer, form: str, dtype: torch.dtype) -> None:
-        self.form, self.dtype = form, dtype
-        # Fused GEMMs and the parts that fill them, in order.
+    def __init__(self, model: Transformer, plan: WeightPlan, dtype: torch.dtype) -> None:
+        self.plan, self.dtype = plan, dtype
+        self.pairs = not model.native_decode_ok  # see _build_linear
+        # The experts see few rows each: their narrow GEMMs only (a mixed form's wide copy
+        # of every expert would double a mixture's memory for steps they rarely get).
+        self.expert_plan = replace(plan, form="quantized") if plan.form == "mixed" else plan
+        fused = model.fused_linears()
+        # Each GEMM and the parts that fill it, in order.
         self.targets: dict[str, tuple[Linear, list[str]]] = {}
-        t = self.targets
-        for i, layer in enumerate(model.layers):
-            a, m = f"layers.{i}.self_attn", f"layers.{i}.mlp"
-            t[f"{a}.qkv_proj"] = (layer.self_attn.qkv_proj, [f"{a}.{p}" for p in ("q_proj", "k_proj", "v_proj")])
-            t[f"{a}.o_proj"] = (layer.self_attn.o_proj, [f"{a}.o_proj"])
-            t[f"{m}.gate_up_proj"] = (layer.mlp.gate_up_proj, [f"{m}.{p}" for p in ("gate_proj", "up_proj")])
-            t[f"{m}.down_proj"] = (layer.mlp.down_proj, [f"{m}.down_proj"])
+        for name, module in model.named_modules():
+            if isinstance(module, Linear) and not name.endswith(".mlp.gate"):
+                parts = [p for p, _, _ in fused[name][1]] if name in fused else [name]
+                self.targets[name] = (module, parts)
         self.part_of = {part: key for key, (_, parts) in self.targets.items() for part in parts}
+        self.part_of.update({key: key for key in self.targets})  # a fused GEMM stored whole
+        self.experts = {name: m for name, m in model.named_modules() if isinstance(m, Experts)}
         self.pending: dict[str, dict[str, _Raw]] = {}
         self.biases: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}  # ops built per form
         for lin, _ in self.targets.values():
             lin.weight = _meta_param(lin.weight)
 
+    def owned(self) -> set[str]:
+        """The parameter names these GEMMs replace."""
+        names = {f"{k}.{w}" for k in self.targets for w in ("weight", "bias")}
+        return names | {f"{k}.{w}" for k in self.experts for w in ("gate_up_proj", "down_proj")}
+
+    def _ready(self, key: str) -> list[str] | None:
+        """The parts `key` is built from once they are all here (itself, stored whole), else None."""
+        lin, parts = self.targets[key]
+        have = self.pending.get(key, {})
+        for choice in ([key], parts):
+            if all(p in have for p in choice) and (lin.bias is None or all(f"{p}.bias" in self.biases for p in choice)):
+                return choice
+        return None
+
     def take(self, name: str, raw: _Raw) -> bool:
-        """Keep `name` when it is part of a fused GEMM (False: it is not)."""
+        """Keep `name` when it is part of a GEMM (False: it is not)."""
         base, _, kind = name.rpartition(".")
+        owner, _, proj = base.rpartition(".")
+        if owner in self.experts and kind == "weight":
+            self.pending.setdefault(owner, {})[proj] = raw
+            if len(self.pending[owner]) == 3:
+                self._build_experts(owner)
+            return True
         key = self.part_of.get(base)
         if key is None:
             return False
         if kind == "bias":
             self.biases[name] = torch.from_numpy(raw.dense())
-            return True
-        self.pending.setdefault(key, {})[base] = raw
-        lin, parts = self.targets[key]
-        if all(p in self.pending[key] for p in parts) and (
-            lin.bias is None or all(f"{p}.bias" in self.biases for p in parts)
-        ):
+        else:
+            self.pending.setdefault(key, {})[base] = raw
+        if self._ready(key) is not None:
             self._build(key)
         return True
 
     def finish(self) -> list[str]:
-        """Build what waited for biases that came after their weights; the GEMMs missing."""
-        for key in list(self.pending):
-            if all(p in self.pending[key] for p in self.targets[key][1]):
-                self._build(key)
-        return [k for k, (lin, _) in self.targets.items() if lin.linear_op is None]
+        """The GEMMs missing from the file (what waited for biases is built by now)."""
+        missing = [k for k, (lin, _) in self.targets.items() if lin.linear_op is None]
+        return missing + [k for k, m in self.experts.items() if m.expert_ops is None]
+
+    def _count(self, op: PackedLinear) -> None:
+        self.counts[op.form] = self.counts.get(op.form, 0) + 1
 
     def _build(self, key: str) -> None:
-        lin, parts = self.targets[key]
+        lin, _ = self.targets[key]
+        parts = self._ready(key)
+        assert parts is not None
         bias = None
         if lin.bias is not None:
             bias = torch.cat([self.biases.pop(f"{p}.bias") for p in parts]).to(self.dtype)
             lin.bias = None  # the op adds it
         done = self.pending.pop(key)
-        op = _build_linear([done[p] for p in parts], bias, self.form)
+        op = _build_linear([done[p] for p in parts], bias, self.plan, self.pairs)
         lin.linear_op = op
-        self.counts[op.form] = self.counts.get(op.form, 0) + 1
+        self._count(op)
+
+    def _build_experts(self, key: str) -> None:
+        ex = self.experts[key]
+        raw = self.pending.pop(key)
+        gate, up, down = raw["gate_proj"], raw["up_proj"], raw["down_proj"]
+        inter, hidden = ex.intermediate, down.shape[1]
+        ops = []
+        for e in range(ex.num_experts):
+            gate_up = _build_linear([gate.rows(e * inter, (e + 1) * inter), up.rows(e * inter, (e + 1) * inter)],
+                                    None, self.expert_plan, self.pairs)
+            proj = _build_linear([down.rows(e * hidden, (e + 1) * hidden)], None, self.expert_plan, self.pairs)
+            ops.append((gate_up, proj))
+            self._count(gate_up)
+            self._count(proj)
+        ex.expert_ops = ops
+        ex.gate_up_proj = _meta_param(ex.gate_up_proj)
+        ex.down_proj = _meta_param(ex.down_proj)
 
 
 def load_packed_gguf(
-    reader: gguf.GGUFReader, config: ModelConfig, form: str, progress: Callable[[Iterator], Iterator] | None = None,
+    reader: gguf.GGUFReader, config: ModelConfig, plan: WeightPlan, progress: Callable[[Iterator], Iterator] | None = None,
     max_num_seqs: int | None = None,
 ) -> Transformer:
-    """The model with every projection as a packed op of `form` ("bfloat16", "quantized" or "mixed"),
-    built straight from the file's blocks, one fused weight at a time; activations fp32.
-    `max_num_seqs` (the engine's batch, None = unknown) decides which heads are built."""
+    """The model with every projection as a packed op of `plan.form` ("bfloat16", "quantized"
+    or "mixed", with the GEMMs the plan names: ignis/model/weight_plan.py), built straight
+    from the file's blocks, one fused weight at a time; activations fp32. `max_num_seqs`
+    (the engine's batch, None = unknown) decides which heads are built."""
+    form = plan.form
     if form not in ("bfloat16", "quantized", "mixed"):
         raise ValueError(f"load_packed_gguf builds bfloat16, quantized or mixed weights, not {form!r}")
     dtype = torch.float32
     model = Transformer(config, dtype=dtype, device="cpu")
-    small = {n: p for n, p in model.named_parameters() if ".qkv_proj." not in n and ".gate_up_proj." not in n
-             and ".o_proj." not in n and ".down_proj." not in n and n not in ("embed_tokens", "lm_head")}
-    fused = _FusedWeights(model, form, dtype)
+    params = dict(model.named_parameters())
+    fused = _FusedWeights(model, plan, dtype)
+    owned = fused.owned()
+    small = {n: p for n, p in params.items() if n not in owned and n not in ("embed_tokens", "lm_head")}
     embed: _Raw | None = None
     head: _Raw | None = None
     items: Iterator = _iter_raw(reader, config)
@@ -423,19 +572,20 @@ def load_packed_gguf(
     missing = fused.finish() + sorted(set(small) - seen)
     if embed is None or missing:
         raise KeyError(f"weights missing from the checkpoint, e.g. {(missing or ['embed_tokens.weight'])[:6]}")
-    _set_tables(model, embed, head, dtype, max_num_seqs)
+    _set_tables(model, embed, head, dtype, max_num_seqs, plan)
     model.weight_form = form
-    total = sum(m.linear_op.nbytes for m in model.modules() if isinstance(m, Linear))
+    total = sum(m.linear_op.nbytes for m in model.modules() if isinstance(m, Linear) and m.linear_op is not None)
+    total += sum(a.nbytes + b.nbytes for m in model.modules() if isinstance(m, Experts) for a, b in m.expert_ops or ())
     log.info(
         "weights packed as %s: %s; projections %.1f MB, head %.1f MB, embedding %.1f MB",
-        form, ", ".join(f"{n} {k}" for k, n in sorted(fused.counts.items())),
+        plan.why or form, ", ".join(f"{n} {k}" for k, n in sorted(fused.counts.items())),
         total / 1e6, model.head_op.nbytes / 1e6, model.embed_op.nbytes / 1e6,
     )
     return model.eval()
 
 
 def _set_tables(
-    model: Transformer, embed: _Raw, head: _Raw | None, dtype: torch.dtype, max_num_seqs: int | None
+    model: Transformer, embed: _Raw, head: _Raw | None, dtype: torch.dtype, max_num_seqs: int | None, plan: WeightPlan,
 ) -> None:
     """The embedding lookup in the file's form, and the head (ignis/model/lm_head.py): an
     int8 GEMM for steps of few sampling rows, bf16 oneDNN for more (not built when the
@@ -444,9 +594,9 @@ def _set_tables(
     own (the file's form again: Q8_0 stays 1 byte per weight)."""
     model.embed_op = _table(embed, dtype)
     head_w = torch.from_numpy((head or embed).dense())
-    narrow = int8_dynamic_head(head_w)
+    narrow = int8_dynamic_head(head_w, full_range=plan.head_full_range) if plan.head_int8 else None
     few_rows_only = max_num_seqs is not None and max_num_seqs <= NARROW_ROWS
-    wide = None if narrow is not None and few_rows_only else Bf16Linear(head_w, None)
+    wide = None if narrow is not None and few_rows_only else wide_linear(head_w, plan.wide)
     rows = model.embed_op if head is None else _table(head, dtype)
     model.head_op = RefinedHead(rows, wide=wide, narrow=narrow)
     del head_w

@@ -18,11 +18,14 @@
     turn.py               one turn, any transport: engine outputs -> parser -> encoder events
     logprobs.py           per-token logprobs, put on the answer text they belong to
     responses_http.py     POST /v1/responses (JSON, SSE)
+    compact_http.py       POST /v1/responses/compact (the served model writes the summary)
     chat_http.py          POST /v1/chat/completions (JSON, SSE)
     http_turn.py          one HTTP turn for both: deadline, admission or 503, drive, metrics
     socket_session.py     GET /v1/responses upgraded: lanes, history, queue, cancel, idle close
     socket_intake.py      the socket's frames: size and buffer budgets, UTF-8, inflation bounds
     guard.py              Origin, Host and content-type checks (a browser can reach a local server)
+    body_encoding.py      Content-Encoding gzip / zstd request bodies, inflated with a bound
+    codex_catalog.py      the Codex model-catalog entries GET /v1/models carries
     connections.py        receive timeouts and the connection limit
     sse.py                server-sent events framing
     metrics.py            Prometheus metrics, a registry per app

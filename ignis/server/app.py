@@ -2,9 +2,10 @@
 
 Routes
   POST /v1/responses           JSON, or SSE with stream: true      (responses_http)
+  POST /v1/responses/compact   a conversation -> a compacted item list (compact_http)
   GET  /v1/responses           WebSocket upgrade: the socket mode  (socket_session)
   POST /v1/chat/completions    JSON, or SSE chunks + [DONE]        (chat_http)
-  GET  /v1/models[/{id}]       the served model (and its aliases)
+  GET  /v1/models[/{id}]       the served model (and its aliases), with Codex's catalog (codex_catalog)
   GET  /health                 200 while the engine runs, else 503 (also while shutting down)
   GET  /metrics                Prometheus text                     (metrics)
   GET|PATCH /admin/config      live settings                       (admin)
@@ -18,6 +19,7 @@ responses get server.shutdown_grace seconds, then are cancelled; sockets close w
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from typing import Any
@@ -28,10 +30,14 @@ from ignis.config import IgnisConfig, ServerConfig
 from ignis.engine import AsyncEngine
 from ignis.model.loader import LoadedModel
 from ignis.server import access, admin, auth, guard
+from ignis.server.body_encoding import inflate_body
 from ignis.server.chat_http import create_chat_completion
+from ignis.server.codex_catalog import catalog_entry
+from ignis.server.compact_http import compact_response
 from ignis.server.connections import connection_cap
 from ignis.server.context import ServerContext
 from ignis.server.errors import error_handler, json_response, model_not_found, refusal_response, shutting_down
+from protocol.errors import Refusal
 from ignis.server.metrics import CONTENT_TYPE
 from ignis.server.playground_routes import add_playground
 from ignis.server.responses_http import create_response
@@ -84,6 +90,7 @@ def create_app(cfg: IgnisConfig | ServerConfig, loaded: LoadedModel, engine: Asy
         log.warning("no API key set (server.api_key / IGNIS_API_KEY): every route is open")
 
     app.add_route(create_response, "/v1/responses", methods=["POST"], name="responses_create")
+    app.add_route(compact_response, "/v1/responses/compact", methods=["POST"], name="responses_compact")
     app.add_websocket_route(responses_socket, "/v1/responses", name="responses_socket")
     app.add_route(create_chat_completion, "/v1/chat/completions", methods=["POST"], name="chat_create")
     app.add_route(list_models, "/v1/models", methods=["GET"], name="models_list")
@@ -143,7 +150,8 @@ def _cors_headers(ctx: ServerContext, request: Request) -> dict[str, str]:
     return {
         "Access-Control-Allow-Origin": allowed,
         "Access-Control-Allow-Methods": "GET, POST, PATCH, OPTIONS",
-        "Access-Control-Allow-Headers": "Authorization, Content-Type, OpenAI-Beta, X-Stainless-Lang, "
+        "Access-Control-Allow-Headers": "Authorization, Content-Type, Content-Encoding, OpenAI-Beta, session_id, "
+                                        "X-Client-Request-Id, X-Stainless-Lang, "
                                         "X-Stainless-Package-Version, X-Stainless-OS, X-Stainless-Arch, "
                                         "X-Stainless-Runtime, X-Stainless-Runtime-Version, X-Stainless-Retry-Count, "
                                         "X-Stainless-Timeout",
@@ -167,12 +175,26 @@ async def _before(request: Request) -> HTTPResponse | None:
         ctx.metrics.refused(_endpoint(request.path), 503)
         retry = ctx.cfg.retry_after
         refused = refusal_response(shutting_down(retry), headers={"Retry-After": str(retry)})
+    if refused is None and request.headers.get("content-encoding"):
+        refused = await _inflate(request, ctx)
     return refused
+
+
+async def _inflate(request: Request, ctx: ServerContext) -> HTTPResponse | None:
+    """A compressed body, inflated in place (body_encoding.py); only for a client that
+    passed the key check, off the event loop (up to server.max_request_bytes of work)."""
+    try:
+        request.body = await asyncio.to_thread(inflate_body, request.body, request.headers.get("content-encoding"),
+                                               int(ctx.cfg.max_request_bytes))
+    except Refusal as refusal:
+        ctx.metrics.refused(_endpoint(request.path), refusal.status)
+        return refusal_response(refusal)
+    return None
 
 
 def _generates(request: Request) -> bool:
     """A request that would start work: a generation POST or the socket's upgrade."""
-    if request.path in ("/v1/responses", "/v1/chat/completions"):
+    if request.path in ("/v1/responses", "/v1/responses/compact", "/v1/chat/completions"):
         return request.method == "POST" or request.headers.get("upgrade", "").lower() == "websocket"
     return False
 
@@ -189,8 +211,12 @@ def _model_object(ctx: ServerContext, name: str) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> HTTPResponse:
+    """OpenAI's list, and Codex's catalog of the same names (codex_catalog.py)."""
     ctx: ServerContext = request.app.ctx.ignis
-    return json_response({"object": "list", "data": [_model_object(ctx, n) for n in ctx.model_names]})
+    models = [catalog_entry(n, context_window=ctx.max_model_len, reasoning=ctx.renderer.reasoning_tags, priority=i + 1)
+              for i, n in enumerate(ctx.model_names)]
+    return json_response({"object": "list", "data": [_model_object(ctx, n) for n in ctx.model_names],
+                          "models": models})
 
 
 async def get_model(request: Request, model_id: str) -> HTTPResponse:

@@ -12,11 +12,20 @@ Rules (one `SocketSession` per connection):
   output. ``previous_response_id`` naming the latest response of any lane of this
   connection continues from it with only the new items; naming it from a new
   ``stream_id`` forks that conversation. Any other id: an ``error`` frame with code
-  ``previous_response_not_found`` (Codex then resends the full history).
+  ``previous_response_not_found`` (Codex then resends the full history). A
+  continuation that fails (refused, e.g. a ``function_call_output`` answering no call
+  in the conversation, or ending ``failed``) evicts the response it continued from:
+  the next use of that id is ``previous_response_not_found``.
 - ``generate: false`` is a prewarm: the prompt (rendered without the generation
   prompt, so that it is a prefix of the next turn's) is prefilled and its KV blocks
-  are published to the prefix cache; the response completes with no output and an id
-  to chain from; the next turn reports those tokens as cached.
+  are published to the prefix cache. The response completes (no output, an id to chain
+  from, ``usage.input_tokens`` its prompt) as soon as the engine has taken the prompt,
+  and the prefill goes on: the lane's next request starts when it is done and finds
+  those tokens cached. Codex gives its startup prewarm a deadline (about 15 s in
+  0.171), then drops the socket and resends everything on a new one: a prewarm
+  answered only after a long prefill was cut off and its work lost. The access line,
+  written when the prefill ends, says when the response was answered and how the
+  prefill ended (a closed socket still stops it).
 - Lanes: ``stream_id`` (1-256 chars of ``[A-Za-z0-9_.-]``), at most 32 per connection
   (the default lane, no ``stream_id``, does not count; the 33rd gets
   ``websocket_stream_limit_reached``). Requests run in order within a
@@ -55,7 +64,7 @@ from websockets.protocol import State
 from ignis.engine import RequestStream, SamplingParams
 from ignis.engine.async_engine import EngineDeadError
 from ignis.output_parser import OutputParser
-from ignis.server.access import access_log, log_outcome
+from ignis.server.access import access_log, log_outcome, request_id
 from ignis.server.context import ServerContext
 from ignis.server.errors import engine_unavailable, shutting_down
 from ignis.server.prepare import prepare_response
@@ -66,6 +75,8 @@ from protocol import ids
 from protocol.errors import Refusal
 from protocol.events import dumps
 from protocol.items import Item
+from protocol.response import Usage
+from protocol.responses_conversation import check_call_outputs
 from protocol.socket_events import (
     CancelEvent,
     CreateEvent,
@@ -83,6 +94,10 @@ MAX_STREAMS = 32  # named lanes per connection
 MAX_ACTIVE = 16  # lanes running at once per connection
 _FINISHED_MEMORY = 1024  # recently finished ids: a late cancel of one is not an error
 _WATCH_INTERVAL = 0.25  # seconds between idle checks (live patches land within it)
+
+
+async def _discard(events: list[dict[str, Any]]) -> None:
+    return None
 
 
 class SocketClosed(Exception):
@@ -103,9 +118,10 @@ class SocketResponse:
         self.encoder: ResponseStream | None = None
         self.cancel_requested = False
         self.done = False
+        self.answered_at: float | None = None  # a prewarm answered before its prefill ended: when
 
     def cancel(self) -> None:
-        if self.done or self.cancel_requested:
+        if self.done or self.cancel_requested or self.answered_at is not None:
             return
         self.cancel_requested = True
         if self.engine_stream is not None:
@@ -115,14 +131,19 @@ class SocketResponse:
 
     async def run(self) -> None:
         session, request = self.session, self.event.request
+        previous = request.previous_response_id
         try:
             items = request.input
-            if request.previous_response_id is not None:
-                items = session.lookup(request.previous_response_id) + items
+            if previous is not None:
+                history = session.lookup(previous)
+                items = history + items
+                check_call_outputs(items, first=len(history))
             # Rendering and tokenizing a long history is CPU work: off the event loop.
             prompt, params = await asyncio.to_thread(prepare_response, session.ctx, replace(request, input=items),
                                                      generation=self.event.generate)
         except Refusal as refusal:
+            if previous is not None:
+                session.evict(previous)
             await session.error(refusal, self.stream_id)
             return
         except asyncio.CancelledError:
@@ -139,8 +160,13 @@ class SocketResponse:
         async with stream:
             if self.cancel_requested:
                 stream.abort()
-            outcome = await self._drive(stream, prompt, params)
-        session.remember(self.stream_id, self.id, items, self.encoder)
+            outcome = await self._drive(stream, prompt, params, items)
+        if self.answered_at is None:
+            session.remember(self.stream_id, self.id, items, self.encoder)
+        elif session.closing and outcome.status == "cancelled":
+            outcome.status = "client_closed"  # the prefill of an answered prewarm, stopped by the socket's close
+        if self.encoder.status == "failed" and previous is not None:
+            session.evict(previous)
         self._count(outcome, time.monotonic() - self.arrival)
 
     async def _admit(self, prompt: Prompt, params: SamplingParams | None,
@@ -176,14 +202,19 @@ class SocketResponse:
                 await session.error(refusal, self.stream_id)
             return None
 
-    async def _drive(self, stream: RequestStream, prompt: Prompt, params: SamplingParams | None) -> Outcome:
+    async def _drive(self, stream: RequestStream, prompt: Prompt, params: SamplingParams | None,
+                     items: tuple[Item, ...]) -> Outcome:
         session, encoder = self.session, self.encoder
         assert encoder is not None
         limit = session.ctx.seconds(session.ctx.live.stream_timeout)
+        emit = session.send
         try:
             await session.send(encoder.admitted())
+            if not self.event.generate:
+                await self._answer_prewarm(len(prompt.ids), items)
+                emit = _discard
             return await drive(
-                stream, OutputParser(prompt.parser), encoder, session.send,
+                stream, OutputParser(prompt.parser), encoder, emit,
                 tokenizer=session.ctx.loaded.tokenizer, started=self.arrival,
                 logprobs=bool(params and params.logprobs),
                 ending=TurnEnding(timeout_message=timeout_message("stream_timeout", limit)),
@@ -196,10 +227,22 @@ class SocketResponse:
             stream.on_final(lambda final: self._count(client_closed(final, self.arrival)))
             raise
 
+    async def _answer_prewarm(self, prompt_tokens: int, items: tuple[Item, ...]) -> None:
+        """Complete a prewarm now, its prefill still running (see the module docstring): it
+        is a finished response from here on (a cancel of it changes nothing), remembered
+        for continuations, while its lane waits for the prefill."""
+        session, encoder = self.session, self.encoder
+        assert encoder is not None
+        await session.send(encoder.finish("stop", Usage(input_tokens=prompt_tokens)))
+        session.remember(self.stream_id, self.id, items, encoder)
+        self.answered_at = time.monotonic() - self.arrival
+        session.answered(self)
+
     def _count(self, outcome: Outcome, elapsed: float | None = None) -> None:
         ctx = self.session.ctx
         ctx.metrics.finished("responses", "socket", outcome, outcome.elapsed if elapsed is None else elapsed)
-        log_outcome("socket", self.id, outcome, stream_id=self.stream_id, enabled=ctx.cfg.access_log)
+        log_outcome("socket", self.id, outcome, stream_id=self.stream_id, enabled=ctx.cfg.access_log,
+                    answered=self.answered_at)
 
     async def cancel_unstarted(self) -> None:
         """Cancelled before it began: the full life of a cancelled response, at once."""
@@ -228,6 +271,7 @@ class SocketSession:
         self.peer = peer
         self.lanes: dict[str | None, Lane] = {}
         self.responses: dict[str, SocketResponse] = {}  # live responses by response id
+        self.prefilling: set[SocketResponse] = set()  # answered prewarms whose prefill still runs
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.active = asyncio.Semaphore(MAX_ACTIVE)
         self.closing = False
@@ -266,6 +310,18 @@ class SocketSession:
             param="previous_response_id",
             code="previous_response_not_found",
         )
+
+    def evict(self, response_id: str) -> None:
+        """Forget `response_id` (a continuation from it failed): it can be continued no more."""
+        for lane in self.lanes.values():
+            if lane.latest is not None and lane.latest[0] == response_id:
+                lane.latest = None
+
+    def answered(self, response: SocketResponse) -> None:
+        """A prewarm answered before its prefill ended (`SocketResponse._answer_prewarm`)."""
+        self.responses.pop(response.id, None)
+        self.finished[response.id] = None
+        self.prefilling.add(response)
 
     def remember(self, stream_id: str | None, response_id: str, items: tuple[Item, ...], encoder: ResponseStream) -> None:
         if encoder.status not in ("completed", "incomplete", "cancelled"):
@@ -369,6 +425,7 @@ class SocketSession:
     def _finished(self, response: SocketResponse) -> None:
         response.done = True
         self.responses.pop(response.id, None)
+        self.prefilling.discard(response)
         self.finished[response.id] = None
         while len(self.finished) > _FINISHED_MEMORY:
             self.finished.popitem(last=False)
@@ -416,6 +473,9 @@ class SocketSession:
                 response.task.cancel()  # `async with stream` aborts it in the engine
             elif response.engine_stream is not None:
                 response.engine_stream.abort()
+        for response in list(self.prefilling):  # answered prewarms: their task logs how the prefill ended
+            if response.engine_stream is not None:
+                response.engine_stream.abort()
 
     async def cancel_all(self, *, running: bool) -> int:
         """Server shutdown: cancel every response not started in the engine yet (waiting in
@@ -431,6 +491,10 @@ class SocketSession:
             if response.engine_stream is None or running:
                 cut += response.engine_stream is not None
                 response.cancel()
+        if running:
+            for response in list(self.prefilling):
+                if response.engine_stream is not None:
+                    response.engine_stream.abort()
         return cut
 
     async def close(self, code: int, reason: str) -> None:
@@ -439,7 +503,7 @@ class SocketSession:
 
     @property
     def busy(self) -> bool:
-        return bool(self.responses)
+        return bool(self.responses) or bool(self.prefilling)
 
     async def _idle_watchdog(self) -> None:
         while True:
@@ -463,7 +527,8 @@ async def responses_socket(request: Request, ws: Any) -> None:
     ctx.metrics.sockets_opened.inc()
     extensions = ",".join(type(e).__name__ for e in getattr(ws.ws_proto, "extensions", []))
     if ctx.cfg.access_log:
-        access_log.info("%s socket open GET /v1/responses%s", peer, f" ({extensions})" if extensions else "")
+        access_log.info("%s socket open GET /v1/responses%s%s", peer, f" ({extensions})" if extensions else "",
+                        request_id(request))
     try:
         await session.serve()
     finally:

@@ -2,14 +2,18 @@
 // for T rows that each add one token to their own sequence (one user's decode, or a few).
 //
 // Why native: at one row the eager forward is ~40 ATen calls per layer at 2-3 us each
-// plus Python around them, as much time as the matrix work (RESULTS.md, session 6).
-// Here the GEMMs are still torch's (weight-only int4 / int8, or oneDNN bf16 for the mixed
-// form's wider steps; four per layer); everything between them (RMSNorm, biases, rotary, q/k norms, the KV
-// write, paged attention, SiLU-and-multiply, residuals, the bf16 casts) is plain loops
-// over a few thousand floats, and attention is split over keys across torch's threads.
+// plus Python around them, as much time as the matrix work (RESULTS.md).
+// Here the GEMMs are still torch's (weight-only int4 / int8, or the mixed form's kept wide
+// copy for wider steps: oneDNN bf16, fbgemm fp16 or oneDNN fp32; four per layer);
+// everything between them (RMSNorm, biases, rotary, q/k norms, the KV write, paged
+// attention, SiLU-and-multiply, residuals, the casts) is plain loops over a few thousand
+// floats, and attention is split over keys across torch's threads. Attention has AVX-512
+// and AVX2+FMA forms beside portable loops; kernels/cpu_native.py compiles for the tier
+// kernels/cpu_platform.py chose, never for more than the host has.
 //
-// Arithmetic follows ignis/model/layers.py: fp32 activations, each GEMM fed bf16 (round
-// to nearest even) and read back as fp32, biases added in fp32. The KV cache is fp32 or
+// Arithmetic follows ignis/model/layers.py: fp32 activations, each GEMM fed what its
+// kernel takes (bf16, rounded to nearest even, for the int4/int8 and oneDNN bf16 GEMMs;
+// fp32 for fp16/fp32 ones) and read back as fp32, biases added in fp32. The KV cache is fp32 or
 // bf16 (engine.kv_cache_dtype): bf16 K/V are rounded as torch's .to(bfloat16) rounds them
 // and read back as fp32, so attention computes in fp32 either way. The reductions' order
 // differs from torch's, so results agree to float rounding, not bits.
@@ -24,9 +28,13 @@
 #include <ATen/ops/_weight_int8pack_mm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/fbgemm_linear_fp16_weight.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#if defined(__AVX512F__)
+#include "int4_gemm.h"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -36,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -89,49 +98,82 @@ inline float kv_load(uint16_t x) { return bf16_to_float(x); }
 inline void kv_store(const float* x, int64_t n, float* y) { std::memcpy(y, x, n * sizeof(float)); }
 inline void kv_store(const float* x, int64_t n, uint16_t* y) { to_bf16(x, n, y); }
 
-// oneDNN's bf16 GEMM over a weight it reordered (ignis/model/packed.py's Bf16Linear): the
-// op is registered by torch's Python side only, so it is looked up once and called boxed.
-at::Tensor onednn_linear(const at::Tensor& xb, const at::Tensor& packed) {
+// oneDNN's GEMM over a weight it reordered (ignis/model/packed.py's Bf16Linear, bf16 in and
+// out, or Fp32Linear, fp32): the op is registered by torch's Python side only, so it is
+// looked up once and called boxed.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   static const auto typed = op.typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                                 c10::string_view, c10::List<std::optional<c10::Scalar>>,
                                                 std::optional<c10::string_view>)>();
-  return typed.call(xb, packed, std::nullopt, "none", c10::List<std::optional<c10::Scalar>>(), "");
+  return typed.call(x, packed, std::nullopt, "none", c10::List<std::optional<c10::Scalar>>(), "");
 }
 
-// The step's GEMMs: y [T, N] bf16 = x [T, K] bf16 @ W^T by torch's weight-only kernels
-// (`narrow`: per projection (w, s), int4 with s the [K/group, N, 2] scales and zeros, or
-// int8 with s the [N] row scales), or by oneDNN bf16 (`wide`: per projection the packed
-// weight; the mixed form's GEMM for steps of more than narrow_rows rows).
+// The mixed form's kept wide GEMMs (the `wide_kind` argument), and what each takes in.
+enum WideKind : int64_t { kWideBf16 = 0, kWideFp16 = 1, kWideFp32 = 2 };
+
+// An fp32 tensor's values as bf16 (round to nearest even), for the kernels that take bf16.
+at::Tensor as_bf16(const at::Tensor& x) {
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  to_bf16(x.data_ptr<float>(), x.numel(), reinterpret_cast<uint16_t*>(y.data_ptr()));
+  return y;
+}
+
+// The step's GEMMs: y [T, N] = x [T, K] @ W^T, x fp32. `narrow`, per projection two
+// tensors: int4 (ignis's own layout: nibbles [N, K/2] and (scale, offset) [N, K/32, 2] fp32,
+// int4_gemm.h; fp32 in and out) or torch's int8 weight-only GEMM (w [N, K] int8, s [N]
+// row scales; bf16 in and out). `wide`, per projection the kept copy for steps of more than
+// narrow_rows rows: oneDNN bf16 (bf16 in and out), fbgemm fp16 or oneDNN fp32 (fp32).
 struct Gemms {
   at::TensorList narrow, wide;
   at::IntArrayRef int4;  // per projection: 1 = int4, 0 = int8 (a file mixes them, e.g. Q4_K_M's Q6_K)
   bool use_wide;
-  int64_t group;
+  int64_t wide_kind;
 
   // Projection `proj` (0 qkv, 1 o, 2 gate_up, 3 down) of `layer`, whose output has n columns.
-  at::Tensor operator()(const at::Tensor& xb, int64_t layer, int64_t proj, int64_t n) const {
+  at::Tensor operator()(const at::Tensor& x, int64_t layer, int64_t proj, int64_t n) const {
     at::Tensor y;
-    if (use_wide) {
-      y = onednn_linear(xb, wide[4 * layer + proj]);
+    if (use_wide && wide_kind == kWideFp16) {
+      y = at::fbgemm_linear_fp16_weight(x, wide[4 * layer + proj], at::zeros({n}, x.options()));
+    } else if (use_wide) {
+      y = onednn_linear(wide_kind == kWideBf16 ? as_bf16(x) : x, wide[4 * layer + proj]);
     } else {
       const at::Tensor& w = narrow[8 * layer + 2 * proj];
       const at::Tensor& s = narrow[8 * layer + 2 * proj + 1];
-      y = int4[4 * layer + proj] ? at::_weight_int4pack_mm_for_cpu(xb, w, group, s) : at::_weight_int8pack_mm(xb, w, s);
+      if (int4[4 * layer + proj]) {
+        y = at::empty({x.size(0), n}, x.options());
+        int4::gemm({w.data_ptr<uint8_t>(), s.data_ptr<float>(), n, x.size(1)}, x.data_ptr<float>(), x.size(0),
+                   y.data_ptr<float>());
+      } else {
+        y = at::_weight_int8pack_mm(as_bf16(x), w, s);
+      }
     }
-    TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kBFloat16 && y.size(0) == xb.size(0) && y.size(1) == n,
-                "decode_layers: a GEMM's output is not [T, ", n, "]");
+    TORCH_CHECK(y.is_contiguous() && y.size(0) == x.size(0) && y.size(1) == n, "decode_layers: a GEMM's output is not [T, ", n,
+                "]");
     return y;
   }
 };
 
-// Element i of a bf16 GEMM output row read as fp32, plus an optional bias: the eager
+// A GEMM's output rows [T, n] (bf16 or fp32) read as fp32, plus an optional bias: the eager
 // Linear's `y.float() + bias`.
-inline float out_at(const uint16_t* y, const float* bias, int64_t i) {
-  const float v = bf16_to_float(y[i]);
-  return bias ? v + bias[i] : v;
-}
+struct Rows {
+  at::Tensor y;  // held: the pointers below are into it
+  const uint16_t* b16 = nullptr;
+  const float* f32 = nullptr;
+  int64_t n = 0;
+  const float* bias = nullptr;
+
+  Rows(at::Tensor out, const float* b) : y(std::move(out)), n(y.size(1)), bias(b) {
+    if (y.scalar_type() == at::kBFloat16) b16 = reinterpret_cast<const uint16_t*>(y.data_ptr());
+    else f32 = y.data_ptr<float>();
+  }
+  float at(int64_t t, int64_t i) const {
+    const float v = b16 ? bf16_to_float(b16[t * n + i]) : f32[t * n + i];
+    return bias ? v + bias[i] : v;
+  }
+};
+
 
 struct AttnShape {
   int64_t heads, kv_heads, dim, block_size, blocks_per_row;
@@ -369,6 +411,143 @@ void attend_unit_avx512(const float* q, const KV* kc, const KV* vc, const int32_
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// The same unit with AVX2 and FMA (8 lanes), for head dims of 64 and 128: keys in tiles of
+// 8 widened once into `tile` [kv_heads][8][D] fp32 while the next tile is prefetched, 8 dot
+// products per query head summed across lanes together (sum_lanes8), an 8-lane exp, and
+// the outputs in registers across a tile, 8 vectors (64 dims) at a time. AVX2 has no lane
+// masks: lanes past the unit's end are blended out.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {  // bf16 bits: widened exactly, as bf16_to_float
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+// Lane i: the sum of v[i]'s 8 lanes.
+inline __m256 sum_lanes8(const __m256* v) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // a: [s0 s1 s2 s3 | s0' s1' s2' s3'] (low and high halves of v0..v3), b: the same for v4..v7.
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// exp_approx on 8 lanes; 2^n is built in the exponent bits, as the scalar one does.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_add_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+template <typename KV, int D>
+void attend_unit_avx2(const float* q, const KV* kc, const KV* vc, const int32_t* table, int64_t lo, int64_t hi,
+                      const AttnShape& a, float* scores, float* tile, float* out) {
+  static_assert(D % 64 == 0);
+  constexpr int C = D / 8;
+  constexpr int64_t P = kPartOut + D;
+  const int64_t G = a.heads / a.kv_heads, KVH = a.kv_heads, BS = a.block_size, n = hi - lo;
+  const int64_t width = KVH * D;
+  const int64_t lines = (width * int64_t(sizeof(KV)) + 63) / 64;
+  int64_t rows[kKeysPerUnit];
+  key_rows(table, lo, hi, BS, width, rows);
+  // Keys [j0, j0 + 8) into tile [kv_heads][8][D] as fp32 (rows past the unit's end: zeros);
+  // the next tile's rows are requested from memory meanwhile.
+  auto widen = [&](const KV* cache, int64_t j0) {
+    const bool last = j0 + 8 >= n;
+    const KV* ahead = last ? (cache == kc ? vc : nullptr) : cache;
+    const int64_t a0 = last ? 0 : j0 + 8;
+    for (int64_t i = 0; i < 8; ++i) {
+      if (ahead && a0 + i < n) {
+        const char* next = reinterpret_cast<const char*>(ahead + rows[a0 + i]);
+        for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+      }
+      for (int64_t g = 0; g < KVH; ++g) {
+        float* t = tile + (g * 8 + i) * D;
+        if (j0 + i < n) {
+          const KV* r = cache + rows[j0 + i] + g * D;
+          for (int c = 0; c < C; ++c) _mm256_storeu_ps(t + 8 * c, load8(r + 8 * c));
+        } else {
+          for (int c = 0; c < C; ++c) _mm256_storeu_ps(t + 8 * c, _mm256_setzero_ps());
+        }
+      }
+    }
+  };
+  const __m256 scale = _mm256_set1_ps(a.scale);
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {  // scores [j0, j0 + 8)
+    widen(kc, j0);
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const float* t = tile + (h / G) * 8 * D;
+      const float* qh = q + h * D;
+      __m256 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+      for (int c = 0; c < C; ++c) {  // q's chunk once, against the 8 keys
+        const __m256 qc = _mm256_loadu_ps(qh + 8 * c);
+        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(t + i * D + 8 * c), acc[i]);
+      }
+      _mm256_storeu_ps(scores + h * kKeysPerUnit + j0, _mm256_mul_ps(sum_lanes8(acc), scale));
+    }
+  }
+  // The lanes of keys [j0, j0 + 8) that lie in the unit (all ones or zeros per lane).
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  auto live = [&](int64_t j0) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(n - j0)), lane));
+  };
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t h = 0; h < a.heads; ++h) {  // softmax numerators; lanes past n are left out
+    float* sh = scores + h * kKeysPerUnit;
+    __m256 vmax = ninf, vsum = _mm256_setzero_ps();
+    for (int64_t j0 = 0; j0 < n; j0 += 8) vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sh + j0), live(j0)));
+    const float m = hmax8(vmax);
+    for (int64_t j0 = 0; j0 < n; j0 += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + j0), _mm256_set1_ps(m)));
+      _mm256_storeu_ps(sh + j0, e);
+      vsum = _mm256_add_ps(vsum, _mm256_and_ps(e, live(j0)));
+    }
+    out[h * P] = m;
+    out[h * P + 1] = hsum8(vsum);
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + h * P + kPartOut + 8 * c, _mm256_setzero_ps());
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {
+    widen(vc, j0);
+    const int64_t m = std::min<int64_t>(8, n - j0);
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const float* t = tile + (h / G) * 8 * D;
+      float* oh = out + h * P + kPartOut;
+      const float* p = scores + h * kKeysPerUnit + j0;
+      for (int c0 = 0; c0 < C; c0 += 8) {  // 8 output vectors (64 dims) in registers at a time
+        __m256 acc[8];
+        for (int c = 0; c < 8; ++c) acc[c] = _mm256_loadu_ps(oh + 8 * (c0 + c));
+        for (int64_t i = 0; i < m; ++i) {
+          const __m256 pi = _mm256_set1_ps(p[i]);
+          for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(t + i * D + 8 * (c0 + c)), acc[c]);
+        }
+        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(oh + 8 * (c0 + c), acc[c]);
+      }
+    }
+  }
+}
+#endif
+
 // Paged decode attention for T rows (one query token each): o [T, heads, dim] from q of
 // the same shape, over the first seq_lens[t] keys of row t (the last `window` of them
 // when window > 0). Each row's keys split into units of kKeysPerUnit, spread over torch's
@@ -397,6 +576,9 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
 #if defined(__AVX512F__)
   const auto unit = D == 64 ? attend_unit_avx512<KV, 64> : D == 128 ? attend_unit_avx512<KV, 128> : attend_unit<KV, 0>;
   const int64_t scratch = 16 * a.kv_heads * D;  // the tile (or the portable unit's row)
+#elif defined(__AVX2__) && defined(__FMA__)
+  const auto unit = D == 64 ? attend_unit_avx2<KV, 64> : D == 128 ? attend_unit_avx2<KV, 128> : attend_unit<KV, 0>;
+  const int64_t scratch = 8 * a.kv_heads * D;
 #else
   const auto unit = D == 64 ? attend_unit<KV, 64> : D == 128 ? attend_unit<KV, 128> : attend_unit<KV, 0>;
   const int64_t scratch = a.kv_heads * D;
@@ -490,7 +672,7 @@ at::Tensor decode_layers(
     const c10::List<c10::optional<at::Tensor>>& qk_norms,   // per layer q_norm, k_norm (Qwen3), or empty
     at::IntArrayRef windows,          // per layer sliding window, 0 = none
     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
-    double eps, double scale, at::IntArrayRef int4, int64_t group, int64_t narrow_rows) {
+    double eps, double scale, at::IntArrayRef int4, int64_t group, int64_t narrow_rows, int64_t wide_kind) {
   const int64_t L = int64_t(k_caches.size());
   const int64_t T = x_in.size(0), H = x_in.size(1), D = head_dim, I = intermediate;
   const int64_t Q = heads * D, KV = kv_heads * D, QKV = Q + 2 * KV;
@@ -521,38 +703,36 @@ at::Tensor decode_layers(
 
   at::Tensor x = x_in.clone();
   float* xp = x.data_ptr<float>();
-  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16);
-  // The GEMMs' bf16 inputs: normed hidden rows, attention outputs, SiLU(gate) * up.
-  at::Tensor h_in = at::empty({T, H}, bf16), o_in = at::empty({T, Q}, bf16), a_in = at::empty({T, I}, bf16);
+  TORCH_CHECK(wide_kind >= kWideBf16 && wide_kind <= kWideFp32, "decode_layers: unknown wide GEMM kind");
+  TORCH_CHECK(group == int4::kGroup, "decode_layers: int4 groups of ", int4::kGroup, " only");
+  const Gemms gemm{weights, wide, int4, wide.size() > 0 && T > narrow_rows, wide_kind};
+  // The GEMMs' fp32 inputs: normed hidden rows, attention outputs, SiLU(gate) * up.
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor h_in = at::empty({T, H}, f32), o_in = at::empty({T, Q}, f32), a_in = at::empty({T, I}, f32);
   std::vector<float> tmp(std::max({H, QKV, I}));  // one row at a time
-  std::vector<float> qbuf(T * Q), kbuf(T * KV), vbuf(T * KV), obuf(T * Q);
+  std::vector<float> qbuf(T * Q), kbuf(T * KV), vbuf(T * KV), obuf(T * Q), gbuf(2 * I);
   const float* C = cos.data_ptr<float>();
   const float* S = sin.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   const AttnShape shape{heads, kv_heads, D, k_caches[0].size(1), block_tables.size(1), float(scale)};
 
-  const Gemms gemm{weights, wide, int4, wide.size() > 0 && T > narrow_rows, group};
   auto bias_of = [&](int64_t i) -> const float* {
     const c10::optional<at::Tensor> b = biases.get(i);
     return b.has_value() ? b->data_ptr<float>() : nullptr;
   };
-  auto norm_in = [&](const at::Tensor& w) {  // rows of x, normed, as the next GEMM's bf16 input
-    uint16_t* hp = reinterpret_cast<uint16_t*>(h_in.data_ptr());
+  auto norm_in = [&](const at::Tensor& w) {  // rows of x, normed, as the next GEMM's input
     for (int64_t t = 0; t < T; ++t) {
-      rms_norm(xp + t * H, w.data_ptr<float>(), float(eps), H, tmp.data());
-      to_bf16(tmp.data(), H, hp + t * H);
+      rms_norm(xp + t * H, w.data_ptr<float>(), float(eps), H, h_in.data_ptr<float>() + t * H);
     }
     return h_in;
   };
 
   for (int64_t l = 0; l < L; ++l) {
     // Attention block: qkv, rotary, the KV write, attention, o_proj.
-    at::Tensor qkv = gemm(norm_in(norms[2 * l]), l, 0, QKV);
-    const uint16_t* y = reinterpret_cast<const uint16_t*>(qkv.data_ptr());
-    const float* bqkv = bias_of(4 * l);
+    const Rows y(gemm(norm_in(norms[2 * l]), l, 0, QKV), bias_of(4 * l));
     for (int64_t t = 0; t < T; ++t) {
       float* row = tmp.data();
-      for (int64_t i = 0; i < QKV; ++i) row[i] = out_at(y + t * QKV, bqkv, i);
+      for (int64_t i = 0; i < QKV; ++i) row[i] = y.at(t, i);
       if (qk_norms.size()) {
         const float* qn = qk_norms.get(2 * l)->data_ptr<float>();
         const float* kn = qk_norms.get(2 * l + 1)->data_ptr<float>();
@@ -567,34 +747,23 @@ at::Tensor decode_layers(
     write(kbuf.data(), vbuf.data(), slot, k_caches[l], v_caches[l], T, KV);
     attend_cache(qbuf.data(), k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
                  T, windows[l], shape, obuf.data());
-    to_bf16(obuf.data(), T * Q, reinterpret_cast<uint16_t*>(o_in.data_ptr()));
-    at::Tensor o = gemm(o_in, l, 1, H);
-    const uint16_t* oy = reinterpret_cast<const uint16_t*>(o.data_ptr());
-    const float* bo = bias_of(4 * l + 1);
+    std::memcpy(o_in.data_ptr<float>(), obuf.data(), T * Q * sizeof(float));
+    const Rows oy(gemm(o_in, l, 1, H), bias_of(4 * l + 1));
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(oy + t * H, bo, i);
+      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += oy.at(t, i);
 
     // MLP block: gate|up, SiLU(gate) * up, down.
-    at::Tensor gu = gemm(norm_in(norms[2 * l + 1]), l, 2, 2 * I);
-    const uint16_t* gy = reinterpret_cast<const uint16_t*>(gu.data_ptr());
-    const float* bgu = bias_of(4 * l + 2);
-    uint16_t* ap = reinterpret_cast<uint16_t*>(a_in.data_ptr());
+    const Rows gy(gemm(norm_in(norms[2 * l + 1]), l, 2, 2 * I), bias_of(4 * l + 2));
     for (int64_t t = 0; t < T; ++t) {
-      const uint16_t* r = gy + t * 2 * I;
-      float* act = tmp.data();
+      float* r = gbuf.data();
+      for (int64_t i = 0; i < 2 * I; ++i) r[i] = gy.at(t, i);
+      float* act = a_in.data_ptr<float>() + t * I;
 #pragma omp simd
-      for (int64_t i = 0; i < I; ++i) {
-        const float g = bgu ? bf16_to_float(r[i]) + bgu[i] : bf16_to_float(r[i]);
-        const float u = bgu ? bf16_to_float(r[I + i]) + bgu[I + i] : bf16_to_float(r[I + i]);
-        act[i] = g / (1.0f + exp_approx(-g)) * u;
-      }
-      to_bf16(act, I, ap + t * I);
+      for (int64_t i = 0; i < I; ++i) act[i] = r[i] / (1.0f + exp_approx(-r[i])) * r[I + i];
     }
-    at::Tensor d = gemm(a_in, l, 3, H);
-    const uint16_t* dy = reinterpret_cast<const uint16_t*>(d.data_ptr());
-    const float* bd = bias_of(4 * l + 3);
+    const Rows dy(gemm(a_in, l, 3, H), bias_of(4 * l + 3));
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += out_at(dy + t * H, bd, i);
+      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += dy.at(t, i);
   }
   const float* fw = norms[2 * L].data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) rms_norm(xp + t * H, fw, float(eps), H, xp + t * H);
@@ -625,6 +794,21 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return o;
 }
 
+// The int4 GEMM alone (int4_gemm.h), for the eager forward: y [T, N] fp32 = x [T, K] fp32 @ W^T.
+at::Tensor int4_gemm_op(const at::Tensor& x, const at::Tensor& q, const at::Tensor& so) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "int4_gemm: x must be contiguous fp32 [T, K]");
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous() && 2 * q.size(1) == x.size(1) &&
+                  x.size(1) % int4::kGroup == 0,
+              "int4_gemm: nibbles must be contiguous uint8 [N, K/2], K a multiple of 32");
+  TORCH_CHECK(so.dim() == 3 && so.scalar_type() == at::kFloat && so.is_contiguous() && so.size(0) == q.size(0) &&
+                  so.size(1) == x.size(1) / int4::kGroup && so.size(2) == 2,
+              "int4_gemm: scales and offsets must be contiguous fp32 [N, K/32, 2]");
+  at::Tensor y = at::empty({x.size(0), q.size(0)}, x.options());
+  int4::gemm({q.data_ptr<uint8_t>(), so.data_ptr<float>(), q.size(0), x.size(1)}, x.data_ptr<float>(), x.size(0),
+             y.data_ptr<float>());
+  return y;
+}
+
 }  // namespace
 
 // Catch-all kernels: the mixed form's oneDNN weights are MkldnnCPU tensors, which would
@@ -634,11 +818,12 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
       "float scale, int window) -> Tensor",
       TORCH_FN(paged_decode_attention));
+  m.def("int4_gemm(Tensor x, Tensor nibbles, Tensor scales_offsets) -> Tensor", TORCH_FN(int4_gemm_op));
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor seq_lens, "
       "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor[] wide, Tensor?[] biases, "
       "Tensor?[] qk_norms, int[] windows, int heads, int kv_heads, int head_dim, int intermediate, "
-      "float eps, float scale, int[] int4, int group, int narrow_rows) -> Tensor",
+      "float eps, float scale, int[] int4, int group, int narrow_rows, int wide_kind) -> Tensor",
       TORCH_FN(decode_layers));
 }
 

@@ -5,7 +5,9 @@
 
 - Items: ``message`` (also without ``type``, as OpenAI's EasyInputMessage),
   ``function_call`` (with its ``namespace``), ``function_call_output``,
-  ``custom_tool_call``, ``custom_tool_call_output``, ``reasoning``. The other item types
+  ``custom_tool_call``, ``custom_tool_call_output``, ``reasoning``, ``compaction`` (ours
+  only: an ``encrypted_content`` ignis cannot read is refused, ``invalid_encrypted_content``,
+  since the summary stands for the whole earlier conversation). The other item types
   OpenAI defines are refused as unsupported (``input[i].type``).
 - Message parts: ``input_text`` and ``output_text`` are both accepted under any
   role (both are text to the model; OpenAI is stricter); image, file and audio
@@ -36,11 +38,12 @@ from protocol.checks import (
     require,
     unsupported_value,
 )
-from protocol.encrypted import open_reasoning
+from protocol.encrypted import open_compaction, open_reasoning
 from protocol.errors import Refusal
 from protocol.items import (
     ITEM_STATUSES,
     ROLES,
+    Compaction,
     FunctionCall,
     FunctionCallOutput,
     CustomToolCall,
@@ -57,7 +60,8 @@ from protocol.items import (
 __all__ = ["decode_input", "decode_item", "ITEM_TYPES"]
 
 ITEM_TYPES = (
-    "message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning"
+    "message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning",
+    "compaction",
 )
 # Input item types OpenAI knows but ignis does not accept (unsupported, not invalid).
 _OPENAI_ITEM_TYPES = frozenset(
@@ -82,7 +86,6 @@ _OPENAI_ITEM_TYPES = frozenset(
         "mcp_approval_request",
         "mcp_approval_response",
         "mcp_call",
-        "compaction",
         "compaction_trigger",
         "program",
         "program_output",
@@ -100,6 +103,7 @@ _CUSTOM_OUTPUT_KEYS = frozenset({"type", "call_id", "output", "id"})
 _CALL_OUTPUT_KEYS = frozenset({"type", "call_id", "output", "id", "status", "name"})
 _CALL_OUTPUT_NULL_ONLY = frozenset({"namespace", "caller"})
 _REASONING_KEYS = frozenset({"type", "id", "summary", "content", "encrypted_content", "status"})
+_COMPACTION_KEYS = frozenset({"type", "id", "encrypted_content", "created_by"})
 
 
 def decode_input(
@@ -149,6 +153,8 @@ def decode_item(
         return CustomToolCallOutput(req_str(obj, "call_id", param), output, opt_str(obj, "id", param))
     if t == "reasoning":
         return _reasoning(obj, param, reasoning_key, strict_encrypted)
+    if t == "compaction":
+        return _compaction(obj, param, reasoning_key)
     if t in _OPENAI_ITEM_TYPES:
         raise unsupported_value(tparam, t, "input items (supported: " + ", ".join(ITEM_TYPES) + ")")
     raise invalid_choice(tparam, t, ITEM_TYPES)
@@ -272,3 +278,18 @@ def _reasoning(
                 code="invalid_encrypted_content",
             )
     return Reasoning(rid, summary, content, sealed, _status(obj, param), recovered)
+
+
+def _compaction(obj: Mapping[str, Any], param: str, key: bytes | None) -> Compaction:
+    check_known_keys(obj, param, _COMPACTION_KEYS)
+    opt_str(obj, "created_by", param)
+    sealed = req_str(obj, "encrypted_content", param)
+    summary = open_compaction(sealed, key)
+    if summary is None:
+        raise Refusal(
+            "The encrypted content of this compaction item could not be read: only compaction items this "
+            "server made (POST /v1/responses/compact) can be sent back.",
+            param=path(param, "encrypted_content"),
+            code="invalid_encrypted_content",
+        )
+    return Compaction(sealed, opt_str(obj, "id", param), summary)

@@ -37,6 +37,7 @@ from protocol.request import (
     ResponsesRequest,
     TextConfig,
 )
+from protocol.responses_conversation import check_call_outputs
 from protocol.sampling import RESPONSES_NAMES, extract_sampling
 from protocol.structured import TextFormat, decode_text_format
 
@@ -147,6 +148,8 @@ def decode_request(
     if opt_bool(body, "background"):
         raise Refusal("Background mode is not supported by ignis.", param="background", code="unsupported_value")
     previous = _previous_response_id(body, transport, accept_previous_response_id)
+    if previous is None:  # else the history is the session's: it checks the new items against it
+        check_call_outputs(items)
     echoed = _echoed_fields(body)
     return ResponsesRequest(
         model=model,

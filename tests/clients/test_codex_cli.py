@@ -2,7 +2,9 @@
 socket with the scripted model (a full tool loop: Codex runs `echo hello`, sends the
 output back, gets the final answer), `codex exec resume --last` on the socket, its
 default tool set with the freeform `apply_patch` (the file on disk changes) and
-`--output-schema`, and a one-turn answer from the real SmolLM2.
+`--output-schema`, the model catalog read from the server (GET /v1/models, no catalog
+file) with `--sandbox workspace-write` letting the patch land, and a one-turn answer from
+the real SmolLM2.
 
 The server runs in this process, so the socket tests spy on what it received (each
 frame, as decoded) and on each response's usage (conftest.spy), not on the wire."""
@@ -139,3 +141,21 @@ def test_codex_output_schema(scripted_server, tmp_path):
     assert run.rc == 0, (run.events[-4:], run.stderr[-2000:])
     [answer] = run.items("agent_message")
     jsonschema.validate(json.loads(answer["text"]), schema)
+
+
+def test_codex_reads_the_served_catalog(scripted_server, tmp_path, spy):
+    """No catalog file: `model_catalog_url` points Codex at GET /v1/models. It sends the
+    served instructions and, as the served entry asks, the freeform apply_patch; under
+    `--sandbox workspace-write` the patch lands, under the default read-only one it does not."""
+    from ignis.server.codex_catalog import INSTRUCTIONS
+
+    home = codex_home(tmp_path / "home", scripted_server.base_url, websockets=True, served_catalog=True)
+    assert not (tmp_path / "home" / "catalog.json").exists()
+    run = run_codex(home, tmp_path / "work", "Add a note file, please.", key=KEY, sandbox="workspace-write")
+    check_patch_loop(run, tmp_path / "work")
+    prewarm = next(f for f in spy["frames"] if hasattr(f, "request"))  # the whole prompt; turns continue it
+    assert not prewarm.generate
+    assert INSTRUCTIONS in [i.text for i in prewarm.request.input if getattr(i, "role", None) == "developer"]
+    assert any(t.is_custom and t.name == "apply_patch" for t in prewarm.request.tools)
+    read_only = run_codex(home, tmp_path / "ro", "Add a note file, please.", key=KEY, sandbox="read-only")
+    assert not (tmp_path / "ro" / "notes.txt").exists(), read_only.events[-4:]

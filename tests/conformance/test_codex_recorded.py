@@ -7,7 +7,9 @@ to run `echo hello` gets an `exec_command` function call, a tool result gets the
 text. Socket continuations report cached tokens.
 
 One change to what Codex sent, in the open: the previous_response_id of a continuation
-names this server's response instead of the recording server's. Cases recorded without
+names this server's response instead of the recording server's, and a tool output's
+call_id the call this server made (Codex answers the call it was given; an output that
+answers no call of the conversation is refused). Cases recorded without
 the function-only model catalog carry a `namespace` tool (accepted: its functions are
 offered as ``multi_agent_v1.NAME``) and a `web_search` tool, which ignis still refuses
 (a hosted tool: ignis runs no tools itself; Codex's `web_search = "disabled"` leaves it
@@ -38,6 +40,18 @@ def _without_hosted(body):
     if tools and any(t.get("type") in HOSTED for t in tools):
         return dict(body, tools=[t for t in tools if t.get("type") not in HOSTED]), True
     return body, False
+
+
+def _answering(items, latest):
+    """`items` with each tool output's call_id that of the call in `latest`'s output it
+    answers (in order), as Codex answers the calls it was given."""
+    calls = iter([i["call_id"] for i in latest["output"] if i["type"] in ("function_call", "custom_tool_call")])
+    out = []
+    for item in items:
+        if item.get("type") in ("function_call_output", "custom_tool_call_output"):
+            item = dict(item, call_id=next(calls))
+        out.append(item)
+    return out
 
 
 def _names_hosted_tool(body, param):
@@ -99,7 +113,7 @@ def check_scripted_answer(body, final):
     if fmt.get("type") == "json_schema":  # codex exec --output-schema: the answer is JSON of the schema
         import jsonschema
 
-        assert final["text"]["format"] == fmt and kinds == ["message"]
+        assert final["text"]["format"] == {"description": None, **fmt} and kinds == ["message"]  # every field echoed
         jsonschema.validate(json.loads(final["output"][0]["content"][0]["text"]), fmt["schema"])
     elif last["type"] == "function_call_output":
         assert kinds == ["message"]
@@ -144,7 +158,7 @@ def test_recorded_socket_frames(scripted_server, case):
                 continue
             if continued:
                 assert latest is not None
-                frame = dict(frame, previous_response_id=latest["id"])
+                frame = dict(frame, previous_response_id=latest["id"], input=_answering(frame["input"], latest))
             conn._connection.send(json.dumps(frame))
             events = f.terminal(timeout=120)
             assert events[-1]["type"] != "error", events[-1]

@@ -233,7 +233,9 @@ def test_dead_engine_thread_is_reported(tiny: LoadedModel, monkeypatch: pytest.M
 def test_capacity_room_now_and_fifo_wait(tiny: LoadedModel) -> None:
     async def main() -> None:
         engine = make(tiny, max_in_flight=2)
-        slow = SamplingParams.greedy(40, ignore_eos=True)
+        # Long enough that neither finishes (freeing room) before "gone" is cancelled, even on
+        # a loaded machine.
+        slow = SamplingParams.greedy(400, ignore_eos=True)
         a = engine.try_submit([1, 2, 3], slow)
         b = engine.try_submit([4, 5, 6], slow)
         assert a is not None and b is not None

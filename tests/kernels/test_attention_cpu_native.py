@@ -4,6 +4,7 @@ kernels.attention_cpu_native.NativeCpuAttention) against kernels' reference."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import cpu_native, paged_attention_ref
+from kernels import cpu_native, cpu_platform, paged_attention_ref
 from kernels.attention_cpu_native import NativeCpuAttention
 
 
@@ -112,22 +113,23 @@ def test_other_dtypes_take_the_eager_path() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+TIERS_BELOW = [t for t in ("avx2", "portable") if cpu_platform.LEVELS.index(t) < cpu_platform.LEVELS.index(
+    cpu_platform.current().host_level)]
+
+
 @pytest.mark.slow
-def test_portable_loops_where_there_is_no_avx512(tmp_path: Path) -> None:
-    """What a CPU without AVX-512 runs (aarch64, older x86) for every head dim: the op built
-    with -mno-avx512f, through the tests above in a fresh process (this one holds the
-    op's name already)."""
-    cxx = cpu_native._compiler()
-    assert cxx is not None  # the module fixture loaded the op, so a compiler exists
-    lib = tmp_path / "portable.so"
-    cpu_native._build(cxx, lib, extra_flags=("-mno-avx512f",))
-    tiles = b"attend_unit_avx512"
-    assert tiles not in lib.read_bytes()
-    if "avx512f" in cpu_native._cpu_id():
-        assert tiles in cpu_native.library_path().read_bytes()  # the default build has them
-    script = f"""
-import torch
-torch.ops.load_library({str(lib)!r})
+@pytest.mark.parametrize("tier", TIERS_BELOW or ["portable"])
+def test_every_tier_below_the_host(tier: str, tmp_path: Path) -> None:
+    """What a CPU of a lower tier runs (AVX2+FMA tiles; portable loops on aarch64 and older
+    x86), for every head dim: the op built under IGNIS_CPU_CAPS=tier, in a fresh process,
+    through the tests above. Its machine code holds no instruction above the tier: no
+    AVX-512 (zmm) registers for avx2, no AVX (ymm) at all for portable."""
+    if tier not in TIERS_BELOW:
+        pytest.skip(f"this CPU is {cpu_platform.current().host_level}: no tier below it to cap to")
+    script = """
+from kernels import cpu_native
+assert cpu_native.load()
+print(cpu_native.library_path())
 import tests.kernels.test_attention_cpu_native as t
 for dim in (16, 64, 128):
     for window in (None, 5, 300):
@@ -139,6 +141,16 @@ t.test_unrolled_head_dims(128)
 t.test_one_kv_head_and_wide_groups()
 """
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(root), "IGNIS_CPU_CAPS": tier, "IGNIS_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    lib = Path(proc.stdout.split()[0])
+    code = lib.read_bytes()
+    assert b"attend_unit_avx512" not in code
+    assert (b"attend_unit_avx2" in code) == (tier == "avx2")
+    objdump = shutil.which("objdump")
+    if objdump is not None:
+        asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True,
+                             check=True).stdout
+        assert "zmm" not in asm
+        assert ("ymm" in asm) == (tier == "avx2")

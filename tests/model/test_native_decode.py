@@ -35,6 +35,7 @@ from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.lm_head import NARROW_ROWS
 from ignis.model.loader import load_model
 from ignis.model.native_decode import NativeDecoder
+from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights
 from kernels import cpu_native
 from kernels.attention_cpu_native import NativeCpuAttention
 from tests.model.paged_utils import block_tables_for, rel_err
@@ -44,6 +45,8 @@ TOL = 3e-2  # any row of any step
 TYPICAL = 1e-4  # the median row
 BLOCK = 4
 KV_DTYPES = pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["kv_fp32", "kv_bf16"])
+# What this machine (or IGNIS_CPU_CAPS) builds: 4-bit blocks as int4 GEMMs (avx512) or int8.
+PLAN = plan_weights("mixed", kind="gguf", device=torch.device("cpu"), max_num_seqs=64)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -133,14 +136,14 @@ def test_native_decode_matches_eager(tmp_path: Path, family: str, kwargs: dict, 
     model = load_model(_gguf(tmp_path, family, qtypes, **kwargs), progress=False, weight_form=form).model
     native = NativeDecoder.build(model)
     assert native is not None
-    kinds = [int(qtypes[part] != Q.Q8_0) for part in ("attn", "attn", "ffn", "ffn")]  # qkv, o, gate_up, down
+    kinds = [int(qtypes[part] != Q.Q8_0 and PLAN.int4) for part in ("attn", "attn", "ffn", "ffn")]  # qkv, o, gate_up, down
     assert native.int4 == kinds * len(model.layers)
     # Rows of different lengths: a short one, one that crosses the 256-key work units
     # (split over threads and merged), and a one-token prompt.
     prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(600)], [5]]
     _decode_both(model, native, prompts, steps=6, kv_dtype=kv_dtype)
     _decode_both(model, native, prompts[:1], steps=4, kv_dtype=kv_dtype)  # one user's step
-    # More rows than NARROW_ROWS: mixed's oneDNN bf16 GEMMs, in both paths
+    # More rows than NARROW_ROWS: mixed's kept wide GEMMs (bf16, fp16 or fp32), in both paths
     _decode_both(model, native, [[3 + i, 40 + 2 * i, 90 - i] for i in range(NARROW_ROWS + 2)], steps=3,
                  kv_dtype=kv_dtype)
 
@@ -210,13 +213,17 @@ def test_every_projection_bias(tmp_path: Path, form: str) -> None:
 
 def test_which_models_and_steps_it_serves(tmp_path: Path) -> None:
     path = _gguf(tmp_path, "llama", {"attn": Q.Q4_1, "ffn": Q.Q8_0})  # int4 attention, int8 MLP
-    assert NativeDecoder.build(load_model(path, progress=False, weight_form="bfloat16").model) is None
+    try:
+        assert NativeDecoder.build(load_model(path, progress=False, weight_form="bfloat16").model) is None
+    except UnsupportedWeightForm:
+        assert PLAN.wide != "bf16"
     assert NativeDecoder.build(load_model(path, progress=False, weight_form="float32").model) is None
     path = _gguf(tmp_path / "b", "llama", {"attn": Q.Q4_1, "ffn": Q.Q4_1})
     quantized = NativeDecoder.build(load_model(path, progress=False, weight_form="quantized").model)
     mixed = NativeDecoder.build(load_model(path, progress=False, weight_form="mixed").model)
     assert quantized is not None and not quantized.wide
-    assert mixed is not None and len(mixed.wide) == 4 * len(mixed.model.layers)  # bf16 beside int4
+    assert mixed is not None and len(mixed.wide) == 4 * len(mixed.model.layers)  # the wide copy beside int4/int8
+    assert mixed.wide_kind == {"bf16": 0, "fp16": 1, "fp32": 2}[PLAN.wide]
 
 
 def test_engine_decodes_natively_and_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
 """Helpers for the Responses tests: strict validation against the OpenAI SDK's own
-pydantic types, and an independent checker of OpenAI's event grammar."""
+pydantic types and against Open Responses' published schema (tests/openresponses.py),
+and an independent checker of OpenAI's event grammar."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 from openai.types.responses import Response, ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
+
+from tests import openresponses
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 WS_EVENT = TypeAdapter(ResponsesServerEvent)
@@ -24,8 +27,10 @@ def wire(obj: Any) -> Any:
 
 
 def validate_event(ev: dict[str, Any]) -> Any:
-    """Strictly validate one event as the SDK would parse it; returns the model."""
+    """Strictly validate one event as the SDK would parse it, and against the Open
+    Responses schema; returns the SDK's model."""
     w = wire(ev)
+    openresponses.check_event(w, socket="stream_id" in w)
     if "stream_id" in w:  # socket lanes: only the WebSocket event types carry it
         model = WS_EVENT.validate_python(w, strict=True)
     else:
@@ -37,7 +42,9 @@ def validate_event(ev: dict[str, Any]) -> Any:
 
 
 def validate_response(resp: dict[str, Any]) -> Response:
-    return RESPONSE.validate_python(wire(resp), strict=True)
+    w = wire(resp)
+    openresponses.check_response(w)
+    return RESPONSE.validate_python(w, strict=True)
 
 
 def check_grammar(events: list[dict[str, Any]], *, queued: bool = False) -> dict[str, Any]:

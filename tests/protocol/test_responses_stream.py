@@ -201,7 +201,10 @@ def test_logprobs():
     events = stream.text("Hé", [lp1]) + stream.text("!", [lp2]) + stream.finish("stop", USAGE)
     final = check_grammar(events)
     delta = [e for e in events if e["type"] == "response.output_text.delta"]
-    assert delta[0]["logprobs"] == [{"token": "Hé", "logprob": -0.25, "top_logprobs": [{"token": "Hé", "logprob": -0.25}, {"token": "Ha", "logprob": -1.5}]}]
+    hé, ha = list("Hé".encode()), list(b"Ha")
+    assert delta[0]["logprobs"] == [{"token": "Hé", "bytes": hé, "logprob": -0.25,
+                                     "top_logprobs": [{"token": "Hé", "bytes": hé, "logprob": -0.25},
+                                                      {"token": "Ha", "bytes": ha, "logprob": -1.5}]}]
     part = final["output"][0]["content"][0]
     assert part["logprobs"][0]["bytes"] == list("Hé".encode())
     assert [lp["token"] for lp in part["logprobs"]] == ["Hé", "!"]
@@ -246,7 +249,8 @@ def test_logprob_bytes_are_the_tokens_own():
     assert bytes(b for lp in part["logprobs"] for b in lp["bytes"]).decode() == part["text"] == "\u2600!"
     assert [a["bytes"] for a in part["logprobs"][0]["top_logprobs"]] == [[0xE2, 0x98], list("é".encode())]
     delta = next(e for e in events if e["type"] == "response.output_text.delta")
-    assert "bytes" not in delta["logprobs"][0] and [a["token"] for a in delta["logprobs"][0]["top_logprobs"]] == ["\ufffd", "é"]
+    assert delta["logprobs"][0]["bytes"] == [0xE2, 0x98]  # the same bytes in the delta form
+    assert [a["token"] for a in delta["logprobs"][0]["top_logprobs"]] == ["\ufffd", "é"]
 
 
 def test_encrypted_reasoning_included_and_readable():

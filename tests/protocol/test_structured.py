@@ -38,11 +38,14 @@ def chat(**body: Any) -> Any:
     {"type": "text"},
 ])
 def test_responses_format_is_echoed_as_sent(fmt: dict[str, Any]) -> None:
+    """Echoed as sent, with every field OpenAI echoes: a json_schema format's
+    `description` (null when not sent) and `strict` (false when not sent)."""
     req = responses(text={"format": fmt, "verbosity": "low"})
     assert req.text.format.is_json == (fmt["type"] != "text")
     stream = ResponseStream(req, response_id="resp_1", created_at=1)
     r = stream.finish("stop", Usage())[-1]["response"]
-    assert r["text"] == {"format": fmt, "verbosity": "low"}
+    echoed = {"description": None, "strict": False, **fmt} if fmt["type"] == "json_schema" else fmt
+    assert r["text"] == {"format": echoed, "verbosity": "low"}
     m = validate_response(r)
     assert m.text.format.type == fmt["type"]
 

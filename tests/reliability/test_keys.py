@@ -26,6 +26,7 @@ BODIES = {
     ("POST", "/v1/responses"): {"model": "tiny", "input": "hi", "max_output_tokens": 1},
     ("POST", "/v1/chat/completions"): {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                        "max_tokens": 1},
+    ("POST", "/v1/responses/compact"): {"model": "tiny", "input": "hi"},
     ("PATCH", "/admin/config"): {"socket_idle_close": 300},
 }
 

@@ -13,6 +13,7 @@ from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 
 from ignis.config import EngineConfig, IgnisConfig, KernelBackend, ServerConfig
+from tests import openresponses
 
 KEY = "sk-ignis-test-4f9c2e7a1b"  # distinctive: tests grep logs for it
 TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
@@ -38,19 +39,24 @@ def make_config(*, engine: dict | None = None, **server: Any) -> IgnisConfig:
 
 
 def client(srv: Any, key: str | None = KEY, **kw: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key or "none", max_retries=0, timeout=60, **kw)
+    kw.setdefault("timeout", 60)
+    return openai.OpenAI(base_url=srv.base_url + "/v1", api_key=key or "none", max_retries=0, **kw)
 
 
 def http(srv: Any, method: str, path: str, key: str | None = KEY, **kw: Any) -> httpx.Response:
     headers = dict(kw.pop("headers", {}) or {})
     if key is not None:
         headers.setdefault("Authorization", f"Bearer {key}")
-    return httpx.request(method, srv.base_url + path, headers=headers, timeout=60, **kw)
+    kw.setdefault("timeout", 60)
+    return httpx.request(method, srv.base_url + path, headers=headers, **kw)
 
 
 def validate_ws(ev: dict[str, Any]) -> Any:
-    """Strict validation of one socket frame against the SDK's server-event union."""
-    model = WS_EVENT.validate_python(json.loads(json.dumps(ev)), strict=True)
+    """Strict validation of one socket frame against the SDK's server-event union and the
+    Open Responses schema."""
+    wire = json.loads(json.dumps(ev))
+    openresponses.check_event(wire, socket=True)
+    model = WS_EVENT.validate_python(wire, strict=True)
     assert model.type == ev["type"]
     return model
 

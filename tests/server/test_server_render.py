@@ -93,9 +93,10 @@ def _codex_conversations():
         entry = json.loads(line)
         body = entry.get("body") or {k: v for k, v in entry["frame"].items() if k not in ("type", "generate")}
         body = dict(body, tools=[t for t in body.get("tools") or () if t.get("type") == "function"])
-        body.pop("previous_response_id", None)
         body.pop("text", None)  # output schemas (refused by ignis) change nothing here
-        yield to_conversation(decode_request(body, transport="http", reasoning_key=b"k" * 32))
+        # A continuation's outputs answer calls behind its previous_response_id: decoded as
+        # the socket decodes them (the session checks them against the history).
+        yield to_conversation(decode_request(body, transport="socket", reasoning_key=b"k" * 32))
 
 
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])

@@ -1,0 +1,130 @@
+"""Which GEMMs a model's CPU weights are built from on this machine: decided once, at load.
+
+    plan = plan_weights("auto", kind="gguf", device=torch.device("cpu"), max_num_seqs=64)
+    plan.form, plan.int4, plan.wide, plan.widen_to, plan.why
+
+The forms (`model.weight_form`, built by ignis/model/packed.py):
+  float32    dense fp32 (the engine adds oneDNN-packed copies where oneDNN runs:
+             ignis/engine/cpu_weights.py); the reference, and HF checkpoints' form.
+  bfloat16   oneDNN's bf16 GEMMs; only where oneDNN has them (AVX512-BW/VL/DQ or
+             AVX-NE-CONVERT CPUs).
+  quantized  the file's quantization: 4-bit blocks as int4 GEMMs (`int4`: the native op's,
+             kernels/cpu/int4_gemm.h, or torch's) or requantized to torch's int8 one, other
+             types int8. Steps of WIDEN_ROWS rows or more (prefill chunks) widen each weight
+             to `widen_to` for the step (bf16 for oneDNN's bf16 GEMM where it runs, else fp32).
+  mixed      the quantized GEMMs for steps of up to NARROW_ROWS rows beside a kept `wide`
+             copy for wider ones: bf16 where oneDNN has it, else fbgemm's fp16 (fp16
+             weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
+The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and int8 with
+dynamic-quantized activations for few rows, at 7 bits where the CPU lacks VNNI.
+
+4-bit blocks stay int4 wherever the native op builds (its int4 GEMM reads ignis's own
+layout on every tier: on AVX-512 as fast as torch's int4 GEMM at one row, on AVX2 about 2x
+faster than torch's and as fast as torch's int8 one; RESULTS.md "Every CPU"). Without it,
+only on the avx512 tier: torch's int4 GEMM is half its int8 one's speed on AVX2, and the
+requantized int8 weights cost ~0.7% perplexity there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from kernels import cpu_native, cpu_platform
+from kernels.cpu_platform import CpuPlatform
+
+WEIGHT_FORMS = ("auto", "float32", "bfloat16", "quantized", "mixed")
+# The largest engine batch (max_num_seqs) for which `auto` keeps a file's quantization
+# alone: a one-user engine, whose steps are almost all one row.
+ONE_USER_MAX_SEQS = 4
+
+
+class UnsupportedWeightForm(ValueError):
+    """A weight form this machine cannot run; the message is one line for the start-up log."""
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    form: str  # float32, bfloat16, quantized or mixed
+    int4: bool = True  # 4-bit blocks stay torch int4 GEMMs (False: requantized to int8)
+    wide: str = "bf16"  # the kept wide GEMM (mixed, bfloat16, the head's wide steps): bf16, fp16 or fp32
+    widen_to: str = "bf16"  # what quantized weights widen to for steps of WIDEN_ROWS rows: bf16 or fp32
+    head_int8: bool = True  # the head has an int8 dynamic-quantized GEMM for few rows
+    head_full_range: bool = True  # ... at 8-bit activations (VNNI); else torch's reduce_range
+    why: str = ""
+
+
+def wide_kind(p: CpuPlatform) -> str:
+    """The fastest kept GEMM for wide steps: oneDNN bf16, else fbgemm fp16, else fp32."""
+    if p.has_gemm("bf16"):
+        return "bf16"
+    return "fp16" if p.has_gemm("fp16") else "fp32"
+
+
+def _tier(p: CpuPlatform) -> str:
+    return p.level + (f" (capped from {p.host_level})" if p.level != p.host_level else "")
+
+
+def plan_weights(
+    form: str, *, kind: str, device: torch.device, max_num_seqs: int | None, platform: CpuPlatform | None = None,
+    native: bool | None = None,
+) -> WeightPlan:
+    """model.weight_form -> what to build. `auto`: a GGUF on the CPU keeps its quantization for
+    a one-user engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is `mixed` otherwise; HF
+    checkpoints and CUDA keep float32. An explicit form this machine cannot run raises
+    UnsupportedWeightForm naming what is missing. `native`: whether the native op (and its
+    int4 GEMM) is built here; None asks kernels.cpu_native (building it once if needed)."""
+    if form not in WEIGHT_FORMS:
+        raise ValueError(f"unknown weight form {form!r}; expected one of {WEIGHT_FORMS}")
+    if device.type != "cpu":
+        if form not in ("auto", "float32"):
+            raise UnsupportedWeightForm(f"model.weight_form={form} is a CPU form; use float32 (and model.dtype) on {device}")
+        return WeightPlan("float32", why=f"dense weights on {device}")
+    if form == "auto" and kind != "gguf":
+        return WeightPlan("float32", why="HF checkpoints load dense")
+    p = platform or cpu_platform.current()
+    narrow = p.has_gemm("int8") or p.has_gemm("int4")
+    if form == "auto":
+        if not narrow:
+            return WeightPlan("float32", why=f"no int8 weight-only GEMM in this torch build (tier {_tier(p)})")
+        form = "quantized" if (max_num_seqs or 64) <= ONE_USER_MAX_SEQS else "mixed"
+        reason = f"max_num_seqs {'<=' if form == 'quantized' else '>'} {ONE_USER_MAX_SEQS}"
+    else:
+        reason = "asked for"
+    if form != "float32" and kind != "gguf":
+        raise UnsupportedWeightForm("packed weight forms are built from GGUF files; use model.dtype for HF checkpoints")
+    if form == "bfloat16" and not p.has_gemm("bf16"):
+        raise UnsupportedWeightForm(
+            f"model.weight_form=bfloat16 needs oneDNN's bf16 GEMM, which this CPU lacks (tier {_tier(p)}; it needs "
+            "AVX512-BW/VL/DQ or AVX-NE-CONVERT): use auto, quantized, mixed or float32"
+        )
+    if form in ("quantized", "mixed") and not narrow:
+        raise UnsupportedWeightForm(
+            f"model.weight_form={form} needs torch's int8 weight-only GEMM, which this torch build lacks here: "
+            "use float32"
+        )
+    if form == "float32":
+        return WeightPlan("float32", why=reason)
+    if native is None:
+        native = cpu_native.load()
+    int4 = native or (p.level == "avx512" and p.has_gemm("int4")) or not p.has_gemm("int8")
+    wide = wide_kind(p)
+    widen_to = "bf16" if p.has_gemm("bf16") else "fp32"
+    head_int8 = p.has_gemm("int8_dynamic")
+    plan = WeightPlan(form, int4=int4, wide=wide, widen_to=widen_to, head_int8=head_int8,
+                      head_full_range=p.int8_dynamic_full_range)
+    parts = [f"{form} ({reason}; tier {_tier(p)})"]
+    if form in ("quantized", "mixed"):
+        if int4:
+            parts.append("4-bit blocks as int4 GEMMs (" + ("the native op's" if native else "torch's") + ")")
+        else:
+            parts.append("4-bit blocks requantized to int8 GEMMs (no native op; torch's int4 GEMM is slower "
+                         "than its int8 one below avx512)")
+    if form == "quantized":
+        parts.append(f"steps of many rows widened to {widen_to}")
+    if form in ("mixed", "bfloat16"):
+        parts.append(f"wide steps through a kept {wide} copy")
+    parts.append(f"head {wide}" + (f" + int8 dynamic ({'8' if plan.head_full_range else '7'}-bit activations)"
+                                   if head_int8 else ""))
+    return replace(plan, why="; ".join(parts))
