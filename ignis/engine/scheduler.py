@@ -76,16 +76,19 @@ class Scheduler:
 
     def observe(self, seconds: float, batch: ScheduledBatch) -> None:
         """A step's measured time: what its tokens cost, for the time budget."""
-        prefill = sum(n for n in batch.num_new_tokens if n > 1)
+        rows = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n > 1]
+        prefill = sum(n for _, n in rows)
         if self.step_time_budget is not None and prefill >= MIN_TIMED_TOKENS:
-            self.cost.observe(sum(batch.num_new_tokens), seconds)
+            depth = sum(s.num_computed_tokens * n for s, n in rows) / prefill  # (before the step)
+            self.cost.observe(sum(batch.num_new_tokens), seconds, depth)
             self.over_budget = seconds > self.step_time_budget
 
-    def token_budget(self) -> int:
-        """The most tokens the next step may compute."""
+    def token_budget(self, depth: float = 0.0, others_wait: bool = True) -> int:
+        """The most tokens the next step may compute, its prefill `depth` tokens into a
+        prompt; `others_wait`: decode rows or other prompts wait on the step."""
         if self.step_time_budget is None:
             return self.max_num_batched_tokens
-        return self.cost.tokens_for(self.step_time_budget)
+        return self.cost.tokens_for(self.step_time_budget, depth, others_wait=others_wait)
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
@@ -102,7 +105,9 @@ class Scheduler:
             elif decodes < hard and self._grow(seq, 1, batch):
                 decodes += 1
         # Prefill tokens: the time budget's (decode rows come on top), within the forward's.
-        budget = min(hard - decodes, self.token_budget())
+        depth = prefills[0].num_computed_tokens if prefills else 0
+        others_wait = decodes > 0 or len(prefills) + len(self.waiting) > 1
+        budget = min(hard - decodes, self.token_budget(depth, others_wait))
         want = self._waiting_fit(budget)  # short prompts waiting: prefilled whole this step
         cap = max(budget - want, min(MIN_PREFILL_CHUNK, budget)) if prefills else 0
         light = self.over_budget and (decodes > 0 or want > 0)
