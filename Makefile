@@ -16,7 +16,15 @@ CLIENTS := tests/clients
 CLIENT_PACKAGES := 'openai[realtime]>=2' 'openai-agents>=0.4'
 APT_PACKAGES := chromium chromium-driver
 
-.PHONY: serve test bench install clients browser
+# llama.cpp's GGUF converter (convert_hf_to_gguf.py, its conversion/ and gguf-py/), taken
+# from the llama-cpp-python sdist without building it: tests/model/test_families.py
+# converts tiny models with it. experiments/bench_vs_llamacpp.py builds the same tree.
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_CACHE := .cache/llamacpp
+LLAMACPP_TREE := llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp
+CONVERTER := $(LLAMACPP_CACHE)/$(LLAMACPP_TREE)/convert_hf_to_gguf.py
+
+.PHONY: serve test bench install clients browser converter
 .DEFAULT_GOAL := serve
 
 $(PY):
@@ -47,6 +55,16 @@ $(VENV)/.clients: pyproject.toml $(VENV)/.runtime
 
 clients: $(VENV)/.clients $(CLIENTS)/node_modules/.package-lock.json
 
+$(CONVERTER): | $(PY)
+	@mkdir -p $(LLAMACPP_CACHE)
+	@test -f $(LLAMACPP_CACHE)/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz || \
+	  $(PIP) download --no-binary :all: --no-deps llama-cpp-python==$(LLAMACPP_VERSION) -d $(LLAMACPP_CACHE)
+	tar -xzf $(LLAMACPP_CACHE)/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz -C $(LLAMACPP_CACHE) \
+	  $(LLAMACPP_TREE)/convert_hf_to_gguf.py $(LLAMACPP_TREE)/conversion $(LLAMACPP_TREE)/gguf-py
+	@touch $@
+
+converter: $(CONVERTER)
+
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends $(APT_PACKAGES); }
 
@@ -60,7 +78,7 @@ serve: $(VENV)/.runtime
 # see kernels/cpu_platform.py). CAPPED_TESTS= skips it.
 CAPPED_TESTS ?= tests/model tests/engine tests/test_readme.py
 
-test: $(VENV)/.test clients browser
+test: $(VENV)/.test clients browser converter
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	@host=$$($(PY) -c 'from kernels import cpu_platform as c; print(c.current().host_level)'); \
 	tier=$$($(PY) -c 'from kernels import cpu_platform as c; print(c.tier_below("'$$host'"))'); \

@@ -79,7 +79,7 @@ def build_llamacpp(jobs: int = 2, tree: str = "build") -> Path:
         log(f"downloading the llama-cpp-python {VERSION} sdist ...")
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                         f"llama-cpp-python=={VERSION}", "-d", str(CACHE)], check=True)
-    if not SRC.exists():
+    if not (SRC / "CMakeLists.txt").exists():  # absent, or only the converter (make test's)
         with tarfile.open(sdist) as tar:
             tar.extractall(CACHE, filter="data")
     log("building llama.cpp (nice -n 19, this takes a while) ...")

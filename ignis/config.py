@@ -110,6 +110,11 @@ class EngineConfig:
     # tokens (prefill chunks + one per decode) go through one forward.
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # A step's time budget: no more prefill tokens in one step than the measured cost per
+    # token says fit in this many milliseconds (a long prompt's prefill cut into short
+    # steps, so a request arriving meanwhile waits little; decode rows are never cut).
+    # null = the token budget alone.
+    step_time_budget_ms: float | None = 250.0
     # KV-cache size: an explicit block count wins; else kv_cache_gib of memory; else
     # auto (CUDA: 90% of the memory left after the weights; CPU: max_num_seqs sequences
     # at max_model_len, at most 25% of free RAM, resident only as blocks fill).

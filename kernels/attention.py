@@ -65,6 +65,7 @@ def paged_attention_triton(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     config: TileConfig | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Triton paged attention with the contract of `paged_attention_ref`.
 
@@ -75,7 +76,7 @@ def paged_attention_triton(
     Rows of q outside query_start_loc[0]:query_start_loc[-1] belong to no sequence and are
     left as they are in `out` (query_start_loc[0] may be > 0).
     """
-    _check_args(q, k_cache, v_cache, sliding_window)
+    _check_args(q, k_cache, v_cache, sliding_window, softcap)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if out is None:
@@ -109,8 +110,10 @@ def paged_attention_triton(
         q, k_cache, v_cache, out,
         block_tables, query_start_loc, seq_lens,
         part_m, part_l, part_acc,
-        scale * _LOG2E,
+        # With soft-capping the kernel caps the plain score, then goes to base 2 itself.
+        scale if softcap is not None else scale * _LOG2E,
         sliding_window or 0,
+        softcap or 1.0,
         num_seqs, num_q_heads, group, head_dim,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         *block_tables.stride(),
@@ -123,6 +126,7 @@ def paged_attention_triton(
         DECODE=decode,
         NUM_SPLITS=num_splits,
         USE_WINDOW=sliding_window is not None,
+        SOFTCAP=softcap is not None,
         UPCAST=interpreting(),
         FP32_DOT=q.dtype == torch.float32,
         num_warps=cfg.num_warps,
@@ -161,7 +165,8 @@ def _partials(out: torch.Tensor, num_splits: int, head_dim_pad: int) -> tuple[to
     return part_m, torch.empty_like(part_m), part_acc
 
 
-def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sliding_window: int | None) -> None:
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sliding_window: int | None,
+                softcap: float | None = None) -> None:
     num_q_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} kv heads")
@@ -171,6 +176,8 @@ def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0, got {softcap}")
 
 
 def _auto_splits(
@@ -201,8 +208,10 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Attention of q over the paged caches (see paged_attention_ref for the layout).
+    """Attention of q over the paged caches (see paged_attention_ref for the layout;
+    softcap: Gemma 2's score soft-capping).
 
     The keyword-only hints are used by the Triton path only: pass max_query_len and
     max_seq_len as Python ints to avoid host syncs; num_splits forces (n > 1) or
@@ -211,9 +220,10 @@ def paged_attention(
     if use_triton(q, backend):
         return paged_attention_triton(
             q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window, out,
-            max_query_len=max_query_len, max_seq_len=max_seq_len, num_splits=num_splits,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, num_splits=num_splits, softcap=softcap,
         )
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window, out)
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window, out,
+                               softcap)
 
 
 __all__ = ["TileConfig", "paged_attention", "paged_attention_triton", "tile_config"]

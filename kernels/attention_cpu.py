@@ -18,6 +18,7 @@ slower than in fp32 at decode sizes.
 
 The runner puts the decode rows first in the batch, so they are q[:num_decodes].
 Same contract and signature as kernels.paged_attention (the hints are ignored).
+Soft-capped scores (Gemma 2) go to the reference, which computes them by hand.
 """
 
 from __future__ import annotations
@@ -102,8 +103,12 @@ class BatchedCpuAttention:
         sliding_window: int | None = None,
         out: torch.Tensor | None = None,
         backend: object = None,
+        softcap: float | None = None,
         **hints: object,
     ) -> torch.Tensor:
+        if softcap is not None:
+            return paged_attention_ref(q, k_cache, v_cache, self.block_tables, self.query_start_loc, self.seq_lens,
+                                       scale, sliding_window, out, softcap)
         d = self.num_decodes
         num_tokens, num_heads, head_dim = q.shape
         if d == num_tokens == 1 and out is None:  # one user's step: no buffer to fill

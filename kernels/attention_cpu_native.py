@@ -8,7 +8,7 @@ of a decode step (RESULTS.md, session 7). The native op reads each row's keys in
 from its blocks, exactly its length (or window), split over keys across threads. Prefill
 rows are CpuAttention's as before (as is everything when q is not fp32, or the cache
 neither fp32 nor bf16).
-Same constructor and call.
+Soft-capped scores (Gemma 2) take the eager path too. Same constructor and call.
 """
 
 from __future__ import annotations
@@ -42,14 +42,15 @@ class NativeCpuAttention:
         sliding_window: int | None = None,
         out: torch.Tensor | None = None,
         backend: object = None,
+        softcap: float | None = None,
         **hints: object,
     ) -> torch.Tensor:
         d = self.num_decodes
-        if not d or q.dtype != torch.float32 or k_cache.dtype not in (torch.float32, torch.bfloat16):
+        if softcap is not None or not d or q.dtype != torch.float32 or k_cache.dtype not in (torch.float32, torch.bfloat16):
             if self._eager is None:
                 self._eager = CpuAttention(self.block_tables, self.query_start_loc, self.seq_lens, **self._eager_sizes)
             return self._eager(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                               sliding_window, out)
+                               sliding_window, out, softcap=softcap)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         o = torch.ops.ignis_cpu.paged_decode_attention(
             q[:d].contiguous(), k_cache, v_cache, self.block_tables[:d].contiguous(), self.seq_lens[:d].contiguous(),

@@ -13,7 +13,7 @@ q_len positions, so its keys split into two parts that need no mask:
 Each part runs torch's fused flash kernel (`_scaled_dot_product_flash_attention_for_cpu`,
 which also returns the log-sum-exp of each row), and the two partial softmaxes merge
 exactly: out = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2}), computed relative to the max.
-Sliding windows go to the reference. Same contract as kernels.paged_attention_ref.
+Sliding windows and soft-capped scores go to the reference. Same contract as kernels.paged_attention_ref.
 The flash kernel runs in q's dtype: a bf16 cache (engine.kv_cache_dtype) under fp32
 activations has each sequence's gathered keys and values widened to fp32 once.
 """
@@ -65,11 +65,12 @@ def prefill_attention_cpu(
     scale: float | None = None,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """paged_attention_ref's contract, one sequence at a time through the flash kernel."""
-    if sliding_window is not None or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if sliding_window is not None or softcap is not None or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                   sliding_window, out)
+                                   sliding_window, out, softcap)
     scale = q.shape[2] ** -0.5 if scale is None else scale
     if out is None:
         out = torch.empty_like(q)
@@ -112,8 +113,12 @@ class CpuAttention(BatchedCpuAttention):
         sliding_window: int | None = None,
         out: torch.Tensor | None = None,
         backend: object = None,
+        softcap: float | None = None,
         **hints: object,
     ) -> torch.Tensor:
+        if softcap is not None:
+            return paged_attention_ref(q, k_cache, v_cache, self.block_tables, self.query_start_loc, self.seq_lens,
+                                       scale, sliding_window, out, softcap)
         d = self.num_decodes
         if d == q.shape[0] == 1 and out is None:
             return super().__call__(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window)

@@ -63,8 +63,9 @@ def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, qsl_ptr, seq_lens_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr,
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * log2(e) (the plain scale with SOFTCAP)
     window,
+    softcap,
     num_seqs, num_q_heads, group, head_dim,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -80,6 +81,7 @@ def paged_attention_kernel(
     DECODE: tl.constexpr,  # every sequence has at most one new token: tile == sequence
     NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,  # scores -> softcap * tanh(scores / softcap), then base 2
     UPCAST: tl.constexpr,
     FP32_DOT: tl.constexpr,  # fp32 inputs: tf32x3 dots on the GPU
 ):
@@ -173,6 +175,11 @@ def paged_attention_kernel(
             other=0.0,
         )
         s = _dot(q, k, UPCAST, FP32_DOT) * qk_scale
+        if SOFTCAP:
+            # tanh(t) = 1 - 2 / (e^2t + 1): exp only (no libdevice under the interpreter);
+            # e^2t overflowing to inf still gives 1.
+            t = s / softcap
+            s = (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * (softcap * 1.4426950408889634)
         allowed = (j[None, :] <= pos[:, None]) & j_ok[None, :]
         if USE_WINDOW:
             allowed = allowed & ((pos[:, None] - j[None, :]) < window)

@@ -8,6 +8,7 @@ Layout (shared with the kernel):
   seq_lens      [num_seqs] int32: context length of sequence i *including* its new
                 tokens, which are its last (qsl[i+1] - qsl[i]) positions.
 A query at position p sees keys j <= p (and p - j < sliding_window when set).
+softcap (Gemma 2): each score s = scale * q.k becomes softcap * tanh(s / softcap).
 Decode is the case q_len == 1; prefill over a cached prefix is q_len < seq_len.
 """
 
@@ -37,6 +38,7 @@ def paged_attention_ref(
     scale: float | None = None,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
@@ -62,6 +64,11 @@ def paged_attention_ref(
         allowed = k_pos <= q_pos
         if sliding_window is not None:
             allowed &= (q_pos - k_pos) < sliding_window
-        o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=allowed, scale=scale)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=allowed, scale=scale)
+        else:  # SDPA has no soft-capping: the scores by hand
+            s = (qi @ ki.transpose(1, 2)) * scale
+            s = torch.tanh(s / softcap) * softcap
+            o = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1) @ vi
         out[q_start:q_end] = o.transpose(0, 1).to(out.dtype)
     return out

@@ -76,13 +76,97 @@ def _build(cxx: str, target: Path, extra_flags: tuple[str, ...] = ()) -> None:
         str(SOURCE), "-o", "OUT", f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}",
     ]
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then renamed: atomic
-        out = Path(tmp) / target.name
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_BUILD_PREFIX}{os.getpid()}-", dir=target.parent))
+    try:  # built aside, then renamed: atomic
+        out = tmp / target.name
         cmd[cmd.index("OUT")] = str(out)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cxx} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        code, err = _run_compiler(cmd, tmp)
+        if code != 0:
+            raise RuntimeError(f"{cxx} failed ({code}): {err.strip()[-2000:]}")
         os.replace(out, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- the compiler's process: nothing outlives the server -------------------------------
+#
+# The compiler runs in a process group of its own, led by a small shell that watches a
+# pipe this process holds open: when this process dies (even by SIGKILL) the pipe
+# closes and the shell kills the whole group (g++ and its cc1plus, as, ld). The build
+# folder, build-<pid>-*, records the group; the next start (sweep) kills any group of a
+# dead owner still running and removes its folder (and folders of the older tmp* kind).
+_BUILD_PREFIX = "build-"
+_WATCH = ('exec 3<&0; "$@" </dev/null & c=$!; (read -r _ <&3; kill -9 -$$) & w=$!; '
+          'wait "$c"; s=$?; kill "$w" 2>/dev/null; exit "$s"')
+
+
+def _run_compiler(cmd: list[str], folder: Path) -> tuple[int, str]:
+    """Run `cmd` as described above; (its exit code, its stderr)."""
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", _WATCH, "sh", *cmd], stdin=read_end, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    finally:
+        os.close(read_end)
+    try:
+        (folder / "pgid").write_text(str(proc.pid))  # the group's id is its leader's pid
+        _, err = proc.communicate(timeout=600)
+        return proc.returncode, err
+    except BaseException:  # a timeout, an interrupt, the server stopping: the group goes too
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        os.close(write_end)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(folder: Path | None = None) -> None:
+    """Kill the compiler groups of builds whose owner died, and remove their folders (and
+    stale tmp* folders from older versions, past an hour)."""
+    import time
+
+    root = folder or cache_dir()
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if not entry.is_dir():
+            continue
+        if entry.name.startswith(_BUILD_PREFIX):
+            owner = entry.name[len(_BUILD_PREFIX):].split("-", 1)[0]
+            if not owner.isdigit() or _alive(int(owner)):
+                continue
+            try:
+                pgid = int((entry / "pgid").read_text())
+                leader = Path(f"/proc/{pgid}/cmdline").read_bytes()
+            except (OSError, ValueError):
+                pgid, leader = 0, b""
+            if pgid and str(entry).encode() in leader:  # (that pid was not reused by another program)
+                _kill_group(pgid)
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.name.startswith("tmp"):
+            try:
+                old = time.time() - entry.stat().st_mtime > 3600
+            except OSError:
+                continue
+            if old:
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def library_path() -> Path:
@@ -123,6 +207,7 @@ def _load() -> bool:
         log.warning("no C++ compiler (g++) found: native CPU decode off, using the PyTorch path")
         return False
     path = library_path()
+    sweep(path.parent)  # what a killed build left behind
     if not path.exists():
         log.info("compiling the native CPU decode op (once per machine, ~10 s) into %s", path.parent)
         _build(cxx, path)

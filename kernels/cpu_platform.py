@@ -104,8 +104,8 @@ def requested_cap() -> str | None:
 
 
 def apply_cap() -> None:
-    """Tell torch's and oneDNN's kernel dispatch about IGNIS_CPU_CAPS (before their first
-    op; `kernels` calls this on import). When set, it decides both of their variables (a
+    """Tell torch's, oneDNN's and MKL's kernel dispatch about IGNIS_CPU_CAPS (before their
+    first op; `kernels` calls this on import). When set, it decides their variables (a
     process started under another cap may have left them); unset, they are left alone."""
     cap = requested_cap()
     if cap is None:

@@ -12,6 +12,8 @@ of the object is still checked (the SDK's types check the OpenAI shapes themselv
 - custom tools and ``custom_tool_call`` items / ``response.custom_tool_call_input.*``
   events -> function tools, ``function_call`` items and argument events;
 - ``namespace`` tools -> the function tools inside them;
+- reasoning effort ``minimal`` (OpenAI's, and described in the peer schema's own
+  ``x-enumDescriptions``, but missing from its enum) -> ``low``;
 - a ``json_schema`` text format's ``schema`` object -> null (the peer schema's generated
   type allows nothing else there, which its own examples contradict).
 """
@@ -108,6 +110,9 @@ def _response(resp: dict[str, Any]) -> dict[str, Any]:
     out["tools"] = [t for tool in resp.get("tools") or [] for t in _tool(tool)]
     out["tool_choice"] = _choice(resp.get("tool_choice"))
     out["output"] = [_item(i) for i in resp.get("output") or []]
+    reasoning = resp.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") == "minimal":
+        out["reasoning"] = dict(reasoning, effort="low")
     fmt = (resp.get("text") or {}).get("format") or {}
     if fmt.get("type") == "json_schema":
         out["text"] = dict(resp["text"], format=dict(fmt, schema=None))

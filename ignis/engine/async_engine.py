@@ -159,6 +159,7 @@ class AsyncEngine:
         self._cv = threading.Condition()
         self._commands: list[_Add | _Abort] = []
         self._stopping = False
+        self._kicked = False  # a grammar mask fill ended (see _wake)
         self._dead = False
         self._failure: str | None = None  # the runner failed between steps (a worker exited)
         self.error: BaseException | None = None  # what killed the core thread
@@ -175,6 +176,7 @@ class AsyncEngine:
             # regions, -20-30% tokens/s on 2 cores).
             release_thread_pool()
         engine.watch_failures(self._runner_failed)
+        engine.on_wake = self._wake
         self._thread = threading.Thread(target=self._run, name="ignis-engine", daemon=True)
         self._thread.start()
 
@@ -285,6 +287,12 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return not self._dead and self._failure is None and self._thread.is_alive()
 
+    def _wake(self) -> None:
+        """From a grammar mask fill's thread: a sequence may be able to run again."""
+        with self._cv:
+            self._kicked = True
+            self._cv.notify()
+
     def _runner_failed(self, message: str) -> None:
         """From the runner's watcher: wake the core thread, which then stops (see _run)."""
         with self._cv:
@@ -368,9 +376,16 @@ class AsyncEngine:
                 torch.cuda.set_device(device)
             while True:
                 with self._cv:
-                    while (not self._commands and not self._stopping and self._failure is None
-                           and not engine.has_unfinished_requests()):
-                        self._cv.wait()
+                    while not self._commands and not self._stopping and self._failure is None:
+                        if self._kicked:  # a grammar mask ended since the last step
+                            break
+                        pause = engine.pause()
+                        if pause <= 0:
+                            break
+                        self._cv.wait(None if pause == float("inf") else pause)
+                        if pause != float("inf"):
+                            break  # a poll: step again (a deadline, a mask timeout)
+                    self._kicked = False
                     commands, self._commands = self._commands, []
                     stopping = self._stopping
                     if self._failure is not None:

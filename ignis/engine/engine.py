@@ -28,6 +28,7 @@ import kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.grammar import GrammarState, ll_tokenizer
+from ignis.engine.grammar_masks import MASK_TIMEOUT_S, overdue
 from ignis.engine.heap import HeapTrimmer
 from ignis.engine.model_runner import FatalRunnerError, ModelRunner, StepResult
 from ignis.engine.outputs import Completion, EngineFinish, EngineUsage, RequestOutput
@@ -179,6 +180,14 @@ class LLMEngine:
         self.heap = HeapTrimmer()
         self._num_deadlines = 0
         self._done: list[RequestOutput] = []  # finished outside a step (abort), reported by the next one
+        # Grammar masks: a fill's end calls on_wake (from its thread); `stalled` says the
+        # last step found nothing to run (every sequence waiting on its mask).
+        self.on_wake: Callable[[], None] | None = None
+        self.masks = getattr(getattr(self.runner, "sampler", None), "masks", None)
+        if self.masks is not None:
+            self.masks.wake = self._wake
+        self._num_grammars = 0
+        self.stalled = False
         self.num_steps = 0
         self.num_generated_tokens = 0
         log.info(
@@ -203,10 +212,12 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
         )
+        budget_ms = getattr(cfg, "step_time_budget_ms", None)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
+            step_time_budget=budget_ms / 1000 if budget_ms else None,
         )
         spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,
@@ -264,6 +275,8 @@ class LLMEngine:
         if params.grammar is not None and not prewarm:
             # Compiling a large schema takes a while (llguidance releases the GIL meanwhile).
             grammar = GrammarState(params.grammar, ll_tokenizer(self.tokenizer, self.vocab_size))
+            if self.masks is not None:
+                self.masks.start([grammar])  # the first mask fills while the prompt prefills
         seq = Sequence(
             request_id,
             prompt,
@@ -280,6 +293,8 @@ class LLMEngine:
         self.seqs[request_id] = seq
         if deadline is not None:
             self._num_deadlines += 1
+        if grammar is not None:
+            self._num_grammars += 1
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str, reason: EngineFinish = EngineFinish.ABORT, error: str | None = None) -> bool:
@@ -294,6 +309,21 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.seqs) or bool(self._done)
 
+    def pause(self) -> float:
+        """How long the caller of step() may sleep before calling it again (woken earlier by
+        `on_wake`): 0 with work to do, inf with nothing in flight, a short poll while every
+        sequence waits on its grammar mask (deadlines and mask timeouts still count)."""
+        if self._done:
+            return 0.0
+        if not self.seqs:
+            return float("inf")
+        return 0.05 if self.stalled else 0.0
+
+    def _wake(self) -> None:
+        callback = self.on_wake
+        if callback is not None:
+            callback()
+
     # -- the step -------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -302,15 +332,24 @@ class LLMEngine:
             now = time.monotonic()
             for seq in [s for s in self.seqs.values() if s.deadline is not None and s.deadline <= now]:
                 outputs.append(self._finish(seq, EngineFinish.DEADLINE))
+        if self._num_grammars:
+            now = time.monotonic()
+            for seq in [s for s in self.seqs.values() if s.grammar is not None and overdue(s.grammar, now)]:
+                outputs.append(self._finish(seq, EngineFinish.ERROR, error=(
+                    f"the output grammar took more than {MASK_TIMEOUT_S:g} s to compute the next token's mask")))
         batch = self.scheduler.schedule()
+        self.stalled = not batch.seqs and bool(self.seqs)
         if not batch.seqs:
             return outputs
+        started = time.perf_counter()
         try:
             result = self.runner.execute(batch)
         except FatalRunnerError:
             raise  # no request alone caused it: the engine cannot go on
         except Exception as exc:
             result = self._execute_alone(batch, exc)
+        else:
+            self.scheduler.observe(time.perf_counter() - started, batch)
         self.num_steps += 1
         self._postprocess(batch, result, outputs)
         self.heap.computed(sum(batch.num_new_tokens))
@@ -332,6 +371,7 @@ class LLMEngine:
         logprobs: list[float | None] = [None] * n
         tops: list[TopLogprobs | None] = [None] * n
         errors: dict[int, str] = {}
+        deferred: set[int] = set()
         for i, (seq, num) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             try:
                 one = self.runner.execute(ScheduledBatch([seq], [num]))
@@ -346,13 +386,21 @@ class LLMEngine:
                 tops[i] = one.top_logprobs[0]
             if 0 in one.errors:
                 errors[i] = one.errors[0]
-        return StepResult(tokens, logprobs, errors, tops)
+            if 0 in one.deferred:
+                deferred.add(i)
+        return StepResult(tokens, logprobs, errors, tops, deferred)
 
     def _postprocess(self, batch: ScheduledBatch, result: StepResult, outputs: list[RequestOutput]) -> None:
         tokens, logprobs, errors = result.tokens, result.logprobs, result.errors
         tops = result.top_logprobs
         publish = self.block_manager.publish
+        started: list[GrammarState] = []
         for i, seq in enumerate(batch.seqs):
+            if i in result.deferred:
+                # Its grammar mask was not ready: nothing sampled. Its last token goes through
+                # the model again with the next step that runs it (the same K/V rewritten).
+                seq.num_computed_tokens += batch.num_new_tokens[i] - 1
+                continue
             seq.num_computed_tokens += batch.num_new_tokens[i]
             if i in errors:
                 outputs.append(self._finish(seq, EngineFinish.ERROR, error=errors[i]))
@@ -385,14 +433,25 @@ class LLMEngine:
                 log.exception("request %s failed after sampling", seq.request_id)
                 outputs.append(self._finish(seq, EngineFinish.ERROR, error=f"output processing failed: {exc!r}"))
                 continue
-            if seq.grammar is not None and reason in (None, EngineFinish.LENGTH) and seq.grammar.finished:
-                # The grammar is complete and allows nothing more: the output ends here,
-                # as complete (also when this token reached max_tokens).
-                reason, stop_reason = EngineFinish.STOP, None
+            error = None
+            if seq.grammar is not None:
+                if reason in (None, EngineFinish.LENGTH) and seq.grammar.finished:
+                    # The grammar allows nothing more: the output ends here, as complete (also
+                    # when this token reached max_tokens)...
+                    reason, stop_reason = EngineFinish.STOP, None
+                if reason is EngineFinish.STOP and not seq.grammar.accepting:
+                    # ... but only an output the grammar accepts is complete.
+                    reason, stop_reason = EngineFinish.ERROR, None
+                    error = ("the output ended before it matched the output grammar"
+                             + (f": {seq.grammar.error()}" if seq.grammar.error() else ""))
+                elif reason is None and seq.grammar.late:
+                    started.append(seq.grammar)  # its next mask, now: it runs only once that is ready
             if reason is not None:
-                outputs.append(self._finish(seq, reason, stop_reason=stop_reason))
+                outputs.append(self._finish(seq, reason, stop_reason=stop_reason, error=error))
             else:
                 outputs.append(self._delta(seq))
+        if started and self.masks is not None:
+            self.masks.start(started)
 
     @staticmethod
     def _check_stop(seq: Sequence, token: int) -> tuple[EngineFinish | None, str | int | None]:
@@ -414,6 +473,8 @@ class LLMEngine:
         self, seq: Sequence, reason: EngineFinish, *, stop_reason: str | int | None = None, error: str | None = None
     ) -> RequestOutput:
         self.scheduler.finish(seq)  # frees its blocks (publishing the computed ones)
+        if seq.grammar is not None:
+            self._num_grammars -= 1
         seq.grammar = None  # the matcher's memory goes now, not with the last reference
         del self.seqs[seq.request_id]
         if seq.deadline is not None:
@@ -508,6 +569,8 @@ class LLMEngine:
                     collected[out.request_id].append(out)
                     if out.finished:
                         pending.discard(out.request_id)
+            if self.stalled and self.masks is not None:  # every sequence waits on its mask
+                self.masks.wait_any([s.grammar for s in self.seqs.values() if s.grammar is not None], 0.05)
         return [Completion.fold(rid, collected[rid]) for rid in ids]
 
 

@@ -21,6 +21,10 @@ with each sampled token. Semantics:
   sequences drop theirs.
 - With a grammar, stop strings (which could cut the grammar's text anywhere) and
   min_tokens (which would ban the end the grammar demands) are refused at submit.
+- Every llguidance call that compiles runs on a thread with a large native stack
+  (ignis/engine/grammar_thread.py), under `LIMITS`; masks are filled off the engine's
+  thread (ignis/engine/grammar_masks.py). Error messages are llguidance's first line,
+  cut to `MESSAGE_CHARS`: never the grammar itself, whatever its size.
 """
 
 from __future__ import annotations
@@ -32,10 +36,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import llguidance
 import numpy as np
 
+from ignis.engine.grammar_thread import on_grammar_thread
+
 if TYPE_CHECKING:
     from ignis.model.tokenizer import Tokenizer
 
-__all__ = ["Grammar", "GrammarError", "GrammarState", "fill_masks", "ll_tokenizer", "mask_words"]
+__all__ = ["LIMITS", "MESSAGE_CHARS", "Grammar", "GrammarError", "GrammarState", "bounded_message", "fill_masks",
+           "ll_tokenizer", "mask_words"]
 
 GrammarKind = Literal["json_schema", "json_object", "lark", "regex"]
 
@@ -45,8 +52,29 @@ GrammarKind = Literal["json_schema", "json_object", "lark", "regex"]
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+# llguidance's resource limits for every grammar (its defaults: parser items per step,
+# lexer fuel and states, grammar size), with verbose errors off: those print the parser's
+# state and the whole grammar into the message.
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+# The longest grammar error message passed on (to a client, or a log line).
+MESSAGE_CHARS = 300
+
+
+def bounded_message(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """An llguidance message fit for a client and a log: its first line (the rest quotes the
+    grammar, or dumps the parser's state), at most `limit` characters."""
+    text = str(text)
+    for marker in ("<state>", "<grammar>", "<backtrace>"):
+        text = text.split(marker, 1)[0]
+    first = text.strip().split("\n", 1)[0].strip() or "the grammar engine refused it"
+    return first if len(first) <= limit else first[: limit - 3].rstrip() + "..."
+
+
 class GrammarError(ValueError):
-    """A grammar llguidance cannot compile (the message is llguidance's)."""
+    """A grammar llguidance cannot compile (the message is llguidance's, bounded)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(bounded_message(message))
 
 
 @dataclass(frozen=True)
@@ -68,7 +96,7 @@ class Grammar:
         # Key order kept: llguidance (as OpenAI) writes properties in the schema's order.
         text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
-            compiled = llguidance.LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
+            compiled = on_grammar_thread(_from_json_schema, text)
         except (ValueError, TypeError) as exc:  # not a JSON object at all
             raise GrammarError(str(exc)) from None
         return cls("json_schema", text, compiled)
@@ -89,7 +117,7 @@ class Grammar:
 
     def check(self, tokenizer: llguidance.LLTokenizer | None = None) -> None:
         """Raise GrammarError with llguidance's message when it does not compile."""
-        error = llguidance.LLMatcher.validate_grammar(self.compiled, tokenizer)
+        error = on_grammar_thread(_validate, self.compiled, tokenizer)
         if error:
             raise GrammarError(error)
 
@@ -97,15 +125,32 @@ class Grammar:
         """This grammar with its matcher for `tokenizer` built now (call it where the time
         is not the engine's: the server's worker thread); GrammarError when it does not
         compile."""
-        matcher = llguidance.LLMatcher(tokenizer, self.compiled, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error())
-        return replace(self, prototype=(tokenizer, matcher))
+        return replace(self, prototype=(tokenizer, new_matcher(tokenizer, self.compiled)))
 
     def validate(self) -> None:
         """SamplingParams.validate's check of the value itself (the compile is `check`)."""
         if self.kind not in ("json_schema", "json_object", "lark", "regex") or not isinstance(self.compiled, str):
             raise ValueError(f"not a grammar: {self!r}")
+
+
+def _from_json_schema(text: str) -> str:
+    return llguidance.LLMatcher.grammar_from_json_schema(text, overrides=JSON_OPTIONS)
+
+
+def _validate(compiled: str, tokenizer: llguidance.LLTokenizer | None) -> str:
+    return llguidance.LLMatcher.validate_grammar(compiled, tokenizer, limits=LIMITS)
+
+
+def _matcher(tokenizer: llguidance.LLTokenizer, compiled: str) -> llguidance.LLMatcher:
+    return llguidance.LLMatcher(tokenizer, compiled, log_level=0, limits=LIMITS)
+
+
+def new_matcher(tokenizer: llguidance.LLTokenizer, compiled: str) -> llguidance.LLMatcher:
+    """A matcher for `compiled`, built on a compile thread; GrammarError when it does not compile."""
+    matcher = on_grammar_thread(_matcher, tokenizer, compiled)
+    if matcher.is_error():
+        raise GrammarError(matcher.get_error())
+    return matcher
 
 
 def mask_words(vocab_size: int) -> int:
@@ -128,26 +173,39 @@ def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenize
 class GrammarState:
     """One sequence's matcher. Not thread-safe: the engine's thread alone uses it."""
 
-    __slots__ = ("grammar", "mask_words", "matcher", "num_tokens", "vocab_size")
+    __slots__ = ("fill", "grammar", "late", "mask_words", "matcher", "num_tokens", "quick", "vocab_size")
 
     def __init__(self, grammar: Grammar, tokenizer: llguidance.LLTokenizer) -> None:
         self.grammar = grammar
         if grammar.prototype is not None and grammar.prototype[0] is tokenizer:
-            self.matcher = grammar.prototype[1].deep_copy()
-        else:
-            self.matcher = llguidance.LLMatcher(tokenizer, grammar.compiled, log_level=0)
+            self.matcher = grammar.prototype[1].deep_copy()  # ~2 us: fine on the engine's thread
+        else:  # not prepared: compiled now (on a compile thread, the caller waiting)
+            self.matcher = new_matcher(tokenizer, grammar.compiled)
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
         self.num_tokens = 0  # tokens consumed: the output tokens so far
         self.vocab_size = tokenizer.vocab_size  # ids llguidance knows
         self.mask_words = mask_words(tokenizer.vocab_size)  # the bitmask's width, as llguidance fills it
+        # The bitmask for the next token (ignis/engine/grammar_masks.py): a MaskFill started
+        # for some position; whether a fill missed its step (then its sequence is scheduled
+        # only once its mask is ready); whether its last fill was quick (it fills in the batch).
+        self.fill: Any = None
+        self.late = False
+        self.quick = False
 
     def advance(self, token: int) -> str | None:
         """Consume a sampled token; an error message when the grammar rejects it."""
         if not self.matcher.consume_token(token):
-            return f"the sampled token {token} does not match the output grammar: {self.matcher.get_error()}"
+            return (f"the sampled token {token} does not match the output grammar: "
+                    f"{bounded_message(self.matcher.get_error())}")
         self.num_tokens += 1
         return None
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is a complete match of the grammar (the engine reports an
+        output as complete, finish reason STOP, only then)."""
+        return not self.matcher.is_error() and self.matcher.is_accepting()
 
     @property
     def finished(self) -> bool:
@@ -155,7 +213,7 @@ class GrammarState:
         return self.matcher.is_stopped()
 
     def error(self) -> str | None:
-        return self.matcher.get_error() or None if self.matcher.is_error() else None
+        return bounded_message(self.matcher.get_error()) if self.matcher.is_error() else None
 
 
 _executor: llguidance.LLExecutor | None = None

@@ -12,7 +12,8 @@ step is reading the sampled ids back.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,6 +31,10 @@ from kernels.attention_cpu_native import NativeCpuAttention
 from kernels.attention_cpu_prefill import CpuAttention
 
 log = logging.getLogger(__name__)
+
+# A step waits for its grammar masks at least this long after the forward (and at most
+# as long as the forward took, when that is longer): a slow mask defers its row only.
+MASK_WAIT_MIN_S = 0.005
 
 
 class _CpuKvWriter:
@@ -67,12 +72,17 @@ class StepResult:
     errors: dict[int, str]  # batch index -> message, for rows whose sampling failed
     # Per batch.seqs entry, for rows whose params ask for top_logprobs (None otherwise).
     top_logprobs: list[TopLogprobs | None] | None = None
+    # Batch indices of rows that sampled nothing: their grammar mask was not ready.
+    deferred: set[int] = field(default_factory=set)
 
     def fill(self, sampled: Sampled, batch_index: list[int]) -> None:
         """Put the sampler's answer for its rows at their batch indices."""
         if sampled.top_logprobs is not None:
             self.top_logprobs = [None] * len(self.tokens)
         for k, i in enumerate(batch_index):
+            if k in sampled.deferred and k not in sampled.errors:
+                self.deferred.add(i)
+                continue
             if k in sampled.errors:
                 self.errors[i] = sampled.errors[k]
                 continue
@@ -144,7 +154,8 @@ class ModelRunner:
         # Decode steps of int4/int8 CPU models: every layer in one native call; decode rows
         # of the steps left eager (other forms, wider batches): the native attention.
         native = native_decode and self.use_cpu_attention and cpu_native.load()
-        self.native = NativeDecoder.build(model) if native else None
+        # (Families whose layer the op does not compute stay eager: Transformer.native_decode_ok.)
+        self.native = NativeDecoder.build(model) if native and getattr(model, "native_decode_ok", True) else None
         self.cpu_attention = NativeCpuAttention if native else CpuAttention
         if self.native is not None:
             log.info("decode steps run natively (kernels/cpu/decode.cpp)")
@@ -260,10 +271,12 @@ class ModelRunner:
         batch_index = [inputs.order[row] for row in inputs.sampling]
         rows = [batch.seqs[i] for i in batch_index]
         self.sampler.prefetch_masks(rows)  # grammar bitmasks fill while the model runs
+        started = time.perf_counter()
         logits = self.forward(inputs)
         if logits is None:
             return result
-        result.fill(self.sampler.sample(logits, rows), batch_index)
+        wait = max(MASK_WAIT_MIN_S, time.perf_counter() - started)
+        result.fill(self.sampler.sample(logits, rows, mask_wait=wait), batch_index)
         return result
 
     def forward(self, inputs: DeviceBatch) -> torch.Tensor | None:
@@ -282,7 +295,9 @@ class ModelRunner:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [N, vocab] of final hidden rows (tensor parallelism gathers them here)."""
-        return self.model.compute_logits(hidden) if self.head_op is None else self.head_op(hidden).float()
+        if self.head_op is None:
+            return self.model.compute_logits(hidden)
+        return self.model.finish_logits(self.head_op(hidden).float())
 
     def close(self) -> None:
         """Release what the runner holds beyond memory (tensor parallelism: its workers)."""

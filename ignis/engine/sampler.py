@@ -5,10 +5,12 @@
 A call, on the [R, V] fp32 logits of the rows that sample:
 
 1. Grammar rows (an output grammar) get their matchers' next-token bitmasks, in place
-   (kernels.token_mask; idempotent). A row nothing can continue is reported in `errors`.
-   The bitmasks depend only on the matchers, so the runner starts them before the
-   forward (`prefetch_masks`): llguidance fills them on a helper thread, the GIL
-   released, while the model runs.
+   (kernels.token_mask; idempotent). A row nothing can continue, or whose matcher is in
+   error, is reported in `errors`. The bitmasks depend only on the matchers, so the
+   runner starts them before the forward (`prefetch_masks`): llguidance fills them on
+   helper threads, the GIL released, while the model runs (ignis/engine/grammar_masks.py).
+   A row whose mask is not ready within `mask_wait` seconds of the forward's end is
+   `deferred`: it samples nothing this step, and no other row waits for it.
 2. Rows still short of `min_tokens` get their stop ids at -inf (a copy).
 3. Rows whose thinking budget is spent get every token but the closing tag at -inf (a
    copy).
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import logging
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ignis.engine.grammar import GrammarState, fill_masks
+from ignis.engine.grammar import GrammarState
+from ignis.engine.grammar_masks import MaskFiller
 from ignis.engine.sequence import Sequence
 from kernels.sampling import SamplingTensors, logprob_distribution, sample
 from kernels.token_mask import apply_token_bitmask_
@@ -60,6 +63,8 @@ class Sampled:
     top_logprobs: list[TopLogprobs | None] | None  # None: no row asked for top_logprobs
     # Row -> message, for rows that cannot go on (their token is meaningless).
     errors: dict[int, str] = field(default_factory=dict)
+    # Rows whose grammar mask was not ready: they sampled nothing (their token is meaningless).
+    deferred: set[int] = field(default_factory=set)
 
 
 class _PenaltyIds:
@@ -88,47 +93,36 @@ class _PenaltyIds:
 
 
 class Sampler:
-    """The sampling state an engine keeps between steps: host buffers for grammar
-    bitmasks and per-sequence penalty ids."""
+    """The sampling state an engine keeps between steps: the grammar mask fills, a host
+    buffer for the step's bitmasks and per-sequence penalty ids. `wake` is called (from
+    another thread) whenever a mask fill ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self._grammar_masks = np.zeros((0, 0), dtype=np.int32)  # grown on demand
         self._penalty_ids: weakref.WeakKeyDictionary[Sequence, _PenaltyIds] = weakref.WeakKeyDictionary()
-        # Bitmasks being filled for the step under way: (its states, the buffer rows, the fill).
-        self._pending: tuple[list[GrammarState], np.ndarray, Future[None]] | None = None
-        self._filler: ThreadPoolExecutor | None = None  # started by the first grammar row
+        self.masks = MaskFiller(wake)
 
     def prefetch_masks(self, rows: list[Sequence]) -> None:
         """Start filling the grammar rows' bitmasks for this step's sampling `rows` (call it
-        before the forward; `sample` with the same rows picks them up)."""
-        self._settle()
+        before the forward; `sample` picks up the ones for its rows)."""
         states = [s.grammar for s in rows if s.grammar is not None]
-        if not states:
-            return
-        if self._filler is None:
-            self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ignis-masks")
-        masks = self._mask_buffer(states)
-        self._pending = (states, masks, self._filler.submit(fill_masks, states, masks))
+        if states:
+            self.masks.start(states)
 
-    def _settle(self) -> tuple[list[GrammarState], np.ndarray] | None:
-        """Wait for a prefetch under way (its buffer is about to be reused); its result."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return None
-        states, masks, fill = pending
-        fill.result()
-        return states, masks
-
-    def sample(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
+    def sample(self, logits: torch.Tensor, rows: list[Sequence], mask_wait: float | None = None) -> Sampled:
         """One token per row of `logits` [R, V] (fp32; grammar rows are masked in place).
-        Every row at once; if that raises, row by row so one bad row fails alone."""
-        failed = self._mask_grammar(logits, rows)  # in place, once (the retry reuses it)
+        Every row at once; if that raises, row by row so one bad row fails alone. Grammar
+        rows whose masks take longer than `mask_wait` seconds more (None: no limit) are
+        deferred."""
+        failed, deferred = self._mask_grammar(logits, rows, mask_wait)  # in place, once (the retry reuses it)
         try:
             out = self._sample_rows(logits, rows)
         except Exception as exc:  # noqa: BLE001 - isolate the offending rows below
             log.warning("batched sampling failed (%s); retrying row by row", exc)
-            return self._row_by_row(logits, rows, failed)
-        out.errors = failed
+            out = self._row_by_row(logits, rows, failed)
+        else:
+            out.errors = failed
+        out.deferred = deferred
         return out
 
     def _row_by_row(self, logits: torch.Tensor, rows: list[Sequence], failed: dict[int, str]) -> Sampled:
@@ -208,54 +202,62 @@ class Sampler:
 
     # -- masks ----------------------------------------------------------------------
 
-    def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence]) -> dict[int, str]:
+    def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence],
+                      wait: float | None) -> tuple[dict[int, str], set[int]]:
         """Mask the rows that have an output grammar by their matchers' next-token bitmasks,
         in place (kernels.token_mask: idempotent, so a retried step may see them again).
 
-        Returns the rows that cannot go on (nothing allowed: the grammar's error, or nothing
-        in the vocabulary continues it): their message; they sample from an all-allowed
-        mask, harmlessly, and the engine fails them."""
+        Returns (the rows that cannot go on: their message, the rows deferred). Failed rows
+        (nothing allowed, the matcher in error, the fill raised) sample from an all-allowed
+        mask, harmlessly, and the engine fails them; deferred rows are not masked."""
         ks = [k for k, s in enumerate(rows) if s.grammar is not None]
         if not ks:
-            return {}
+            return {}, set()
         states: list[GrammarState] = [rows[k].grammar for k in ks]  # type: ignore[misc]
-        masks = self._grammar_bitmasks(states, logits.shape[1])
+        ready = self.masks.ready(states, wait)
+        deferred = {k for k, ok in zip(ks, ready) if not ok}
+        used = [(k, s) for k, s, ok in zip(ks, states, ready) if ok]
         failed: dict[int, str] = {}
-        for r, k in enumerate(ks):
-            if not masks[r].any():
-                failed[k] = _grammar_failure(states[r])
+        if not used:
+            return failed, deferred
+        masks = self._mask_buffer(len(used), max(s.mask_words for _, s in used))
+        for r, (k, state) in enumerate(used):
+            try:
+                masks[r] = state.fill.mask()
+            except Exception as exc:  # noqa: BLE001 - this row alone fails
+                failed[k] = f"the output grammar's mask could not be computed: {exc!r}"[:400]
+        _trim(masks, min(logits.shape[1], min(s.vocab_size for _, s in used)))
+        for r, (k, state) in enumerate(used):
+            if k in failed:
+                pass
+            elif state.matcher.is_error():  # (llguidance then allows EOS alone: not an end)
+                failed[k] = _grammar_failure(state)
+            elif not masks[r].any():
+                failed[k] = _grammar_failure(state)
+            if k in failed:
                 masks[r] = -1
         dev = logits.device
         bitmask = torch.from_numpy(masks).to(dev)
-        which = torch.tensor(ks, dtype=torch.int64).to(dev)
+        which = torch.tensor([k for k, _ in used], dtype=torch.int64).to(dev)
         apply_token_bitmask_(logits, bitmask, which, _ALLOWED_FLOOR)
-        return failed
+        return failed, deferred
 
-    def _mask_buffer(self, states: list[GrammarState]) -> np.ndarray:
-        """Rows of the reused host buffer for `states`' bitmasks [R, W] int32."""
-        words = max(s.mask_words for s in states)
+    def _mask_buffer(self, rows: int, words: int) -> np.ndarray:
+        """Rows of the reused host buffer for a step's bitmasks [R, W] int32."""
         buf = self._grammar_masks
-        if buf.shape[0] < len(states) or buf.shape[1] != words:
-            buf = self._grammar_masks = np.zeros((max(len(states), buf.shape[0]), words), dtype=np.int32)
-        return buf[: len(states)]
+        if buf.shape[0] < rows or buf.shape[1] != words:
+            buf = self._grammar_masks = np.zeros((max(rows, buf.shape[0]), words), dtype=np.int32)
+        return buf[:rows]
 
-    def _grammar_bitmasks(self, states: list[GrammarState], width: int) -> np.ndarray:
-        """The states' next-token bitmasks [R, W] int32 (a view of a reused buffer), with
-        only ids both the tokenizer and the logits have (see grammar.ll_tokenizer):
-        prefetched when `prefetch_masks` saw these states, else filled now."""
-        done = self._settle()
-        if done is not None and len(done[0]) == len(states) and all(a is b for a, b in zip(done[0], states)):
-            masks = done[1]
-        else:
-            masks = self._mask_buffer(states)
-            fill_masks(states, masks)
-        words = masks.shape[1]
-        limit = min(width, min(s.vocab_size for s in states))
-        if limit < words * 32:
-            word, bit = divmod(limit, 32)
-            masks[:, word] &= np.int32((1 << bit) - 1) if bit < 31 else np.int32(0x7FFFFFFF)
-            masks[:, word + 1 :] = 0
-        return masks
+
+def _trim(masks: np.ndarray, limit: int) -> None:
+    """Clear every bit at or past token id `limit` (ids llguidance or the logits lack; see
+    grammar.ll_tokenizer)."""
+    words = masks.shape[1]
+    if limit < words * 32:
+        word, bit = divmod(limit, 32)
+        masks[:, word] &= np.int32((1 << bit) - 1) if bit < 31 else np.int32(0x7FFFFFFF)
+        masks[:, word + 1 :] = 0
 
 
 def _grammar_failure(state: GrammarState) -> str:

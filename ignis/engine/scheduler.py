@@ -1,10 +1,23 @@
 """Which sequences run in the next step, and how many tokens each.
 
-One token budget per step (max_num_batched_tokens) is spent first on the running
-sequences, in admission order (a decode costs 1, an unfinished prefill its next
-chunk), then on admitting waiting ones, FIFO, while fewer than max_num_seqs run. So
-chunked prefill and decodes share a step, and a long prompt never stalls decoding.
+A step's token budget is max_num_batched_tokens, and with a step-time budget
+(engine.step_time_budget_ms) no more tokens than the last prefill steps say fit in that
+time (`observe` feeds the measured costs to ignis/engine/step_cost.py), unless steps
+that small would spend most of their time on their fixed part: a long prompt's prefill
+is cut into steps of bounded time where the machine allows, so nobody waits long for
+the step under way. The budget is spent in this order:
 
+1. Decode rows: every running sequence with one token to compute (they are never
+   starved by prefill).
+2. Running prefills (admission order), leaving room for the waiting prompts that fit
+   in this step whole, FIFO: a short request that arrives during a long prompt's
+   prefill is prefilled in the next step, beside a smaller chunk of the long one
+   (which always gets at least MIN_PREFILL_CHUNK tokens). Where a chunk's step still
+   ran past the time budget, the next step holds no chunk when there are decode rows
+   or short prompts: theirs alone (cheap), so they wait one chunk at most.
+3. Admitting waiting sequences, FIFO, while fewer than max_num_seqs run.
+
+A sequence whose grammar mask is being filled late waits (ignis/engine/grammar_masks.py).
 Out of blocks: the most recently admitted running sequence is preempted (its blocks
 freed, its computed full blocks published first, so a recompute usually hits the
 prefix cache) and goes back to the head of the waiting queue. Nothing is admitted in
@@ -17,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ignis.engine.block_manager import BlockManager
+from ignis.engine.grammar_masks import blocked
+from ignis.engine.step_cost import StepCost
 from ignis.engine.sequence import Sequence, Status
 
 
@@ -30,13 +45,27 @@ class ScheduledBatch:
         return len(self.seqs)
 
 
+# A running prefill's least chunk while short prompts go first (it always moves on).
+MIN_PREFILL_CHUNK = 32
+# The time budget never cuts a step below this many tokens, and what steps cost is
+# measured on steps at least this large (on the CPU, steps of 256 rows or more run
+# bf16 GEMMs: smaller ones are another cost curve). See ignis/engine/step_cost.py.
+MIN_TIMED_TOKENS = 256
+
+
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 step_time_budget: float | None = None) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if step_time_budget is not None and step_time_budget <= 0:
+            raise ValueError("step_time_budget must be positive (or None: no time budget)")
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.step_time_budget = step_time_budget  # seconds, or None
+        self.cost = StepCost(min(MIN_TIMED_TOKENS, max_num_batched_tokens), max_num_batched_tokens)
+        self.over_budget = False  # the last step carried a prefill chunk and ran past the time budget
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -45,28 +74,59 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.append(seq)
 
+    def observe(self, seconds: float, batch: ScheduledBatch) -> None:
+        """A step's measured time: what its tokens cost, for the time budget."""
+        rows = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n > 1]
+        prefill = sum(n for _, n in rows)
+        if self.step_time_budget is not None and prefill >= MIN_TIMED_TOKENS:
+            depth = sum(s.num_computed_tokens * n for s, n in rows) / prefill  # (before the step)
+            self.cost.observe(sum(batch.num_new_tokens), seconds, depth)
+            self.over_budget = seconds > self.step_time_budget
+
+    def token_budget(self, depth: float = 0.0, others_wait: bool = True) -> int:
+        """The most tokens the next step may compute, its prefill `depth` tokens into a
+        prompt; `others_wait`: decode rows or other prompts wait on the step."""
+        if self.step_time_budget is None:
+            return self.max_num_batched_tokens
+        return self.cost.tokens_for(self.step_time_budget, depth, others_wait=others_wait)
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.blocks.grow(seq, seq.num_computed_tokens + n):
-                victim = self.running.pop()  # the latest admitted
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is seq:
-                    break
+        hard = self.max_num_batched_tokens  # what one forward may hold
+        prefills: list[Sequence] = []
+        decodes = 0
+        for seq in list(self.running):  # 1. decode rows (the time budget never cuts them)
             if seq.status is not Status.RUNNING:
-                break
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
-            budget -= n
-            i += 1
+                continue  # (preempted by one before it)
+            if seq.grammar is not None and blocked(seq.grammar):
+                continue  # waits for its grammar mask (ignis/engine/grammar_masks.py)
+            if seq.num_tokens - seq.num_computed_tokens > 1:
+                prefills.append(seq)
+            elif decodes < hard and self._grow(seq, 1, batch):
+                decodes += 1
+        # Prefill tokens: the time budget's (decode rows come on top), within the forward's.
+        depth = prefills[0].num_computed_tokens if prefills else 0
+        others_wait = decodes > 0 or len(prefills) + len(self.waiting) > 1
+        budget = min(hard - decodes, self.token_budget(depth, others_wait))
+        want = self._waiting_fit(budget)  # short prompts waiting: prefilled whole this step
+        cap = max(budget - want, min(MIN_PREFILL_CHUNK, budget)) if prefills else 0
+        light = self.over_budget and (decodes > 0 or want > 0)
+        self.over_budget = False
+        if light:
+            # The last chunk overran the budget (steps here cannot be both short and cheap):
+            # this step is the decodes' and the short prompts' alone, then the chunks go on.
+            cap, budget = 0, want
+        for seq in prefills:  # 2. running prefills
+            if seq.status is not Status.RUNNING or cap <= 0:
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, cap)
+            if self._grow(seq, n, batch):
+                budget -= n
+                cap -= n
         if batch.preempted:
             return batch
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        budget = min(max(budget, want), hard - sum(batch.num_new_tokens))
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:  # 3. admissions
             seq = self.waiting[0]
             n = self.blocks.admit(seq, budget)
             if n is None:
@@ -78,6 +138,37 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             budget -= n
         return batch
+
+    def _waiting_fit(self, budget: int) -> int:
+        """Tokens of the waiting prompts, FIFO, that fit this step whole (prefix-cache hits
+        not counted: an upper bound)."""
+        want, room = 0, self.max_num_seqs - len(self.running)
+        for seq in self.waiting:
+            if room <= 0:
+                break
+            n = seq.num_tokens - seq.num_computed_tokens
+            if want + n > budget:
+                break
+            want += n
+            room -= 1
+        return want
+
+    def _grow(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Give `seq` blocks for `n` more tokens and put it in the batch, preempting the
+        latest admitted running sequences not in the batch (it, last) when blocks run out.
+        False when `seq` itself had to go."""
+        while not self.blocks.grow(seq, seq.num_computed_tokens + n):
+            victim = next((v for v in reversed(self.running) if v is seq or v not in batch.seqs), None)
+            if victim is None:
+                return False  # (never: seq itself is a candidate)
+            self.running.remove(victim)
+            self._preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                return False
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(n)
+        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.release(seq)

@@ -50,6 +50,33 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
+# Gemma's turn format (what llama.cpp's `--chat-template gemma` renders): the system text
+# opens the first user turn, the assistant is "model", each turn ends with <end_of_turn>.
+# BOS comes from the template, as in Gemma's own. Tool results come back as user turns
+# (Gemma has no tool role).
+GEMMA_TEMPLATE = (
+    "{{- bos_token if bos_token is defined else '' }}"
+    "{%- set ns = namespace(system='') %}"
+    "{%- for message in messages %}"
+    "{%- if message['content'] is string %}{%- set content = message['content'] %}"
+    "{%- elif message['content'] is iterable %}"
+    "{%- set content = message['content'] | selectattr('text', 'defined') | map(attribute='text') | join('') %}"
+    "{%- else %}{%- set content = '' %}{%- endif %}"
+    "{%- if message['role'] in ('system', 'developer') %}"
+    "{%- set ns.system = ns.system + (content | trim) %}"
+    "{%- else %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else 'user' %}"
+    "{{- '<start_of_turn>' + role + '\n' }}"
+    "{%- if ns.system and role == 'user' %}{{- ns.system + '\n\n' }}{%- set ns.system = '' %}{%- endif %}"
+    "{{- (content | trim) + '<end_of_turn>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}"
+)
+
+# A family's standard template by name (Family.chat_template), for files that ship none.
+FAMILY_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
+
 # Names a message's reasoning may come under; transformers fills `reasoning_content` and
 # `thinking` (gpt-oss) from whichever is present, and so do we.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -165,7 +192,8 @@ _GGUF_SPECIAL_KEYS = {
 
 
 class ChatTemplate:
-    """A model's chat template (ChatML when the model has none).
+    """A model's chat template (its family's standard, `fallback`, when the model has none:
+    FAMILY_TEMPLATES; ChatML when the family has none either).
 
     `source` is the template text, or a mapping of named templates ("default", "tool_use", ...)
     as some models ship; "tool_use" is chosen when tools are given.
@@ -177,10 +205,14 @@ class ChatTemplate:
         *,
         bos_token: str | None = None,
         eos_token: str | None = None,
+        fallback: str | None = None,
         **special_tokens: str | None,
     ) -> None:
         self.is_fallback = not source
-        templates = {"default": CHATML_TEMPLATE} if not source else (
+        self.fallback_name = (fallback or "chatml") if not source else None
+        if self.fallback_name is not None and self.fallback_name not in FAMILY_TEMPLATES:
+            raise ChatTemplateError(f"no standard chat template {fallback!r} (known: {sorted(FAMILY_TEMPLATES)})")
+        templates = {"default": FAMILY_TEMPLATES[self.fallback_name]} if not source else (
             {"default": source} if isinstance(source, str) else dict(source)
         )
         if "default" not in templates:
@@ -197,8 +229,9 @@ class ChatTemplate:
         return self.templates["default"]
 
     @classmethod
-    def from_gguf(cls, reader: Any) -> ChatTemplate:
-        """From `tokenizer.chat_template` (and named `tokenizer.chat_template.NAME`) metadata."""
+    def from_gguf(cls, reader: Any, fallback: str | None = None) -> ChatTemplate:
+        """From `tokenizer.chat_template` (and named `tokenizer.chat_template.NAME`) metadata;
+        `fallback` names the standard template used when there is none."""
         if isinstance(reader, (str, Path)):
             import gguf
 
@@ -221,10 +254,10 @@ class ChatTemplate:
             return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else None
 
         specials = {name: token_at(key) for name, key in _GGUF_SPECIAL_KEYS.items()}
-        return cls(templates if "default" in templates else None, **specials)
+        return cls(templates if "default" in templates else None, fallback=fallback, **specials)
 
     @classmethod
-    def from_hf_dir(cls, path: str | Path) -> ChatTemplate:
+    def from_hf_dir(cls, path: str | Path, fallback: str | None = None) -> ChatTemplate:
         """From chat_template.jinja (with additional_chat_templates/*.jinja), or else the
         `chat_template` of tokenizer_config.json (a string or a list of named templates)."""
         path = Path(path)
@@ -246,7 +279,7 @@ class ChatTemplate:
             return value.get("content") if isinstance(value, dict) else value if isinstance(value, str) else None
 
         specials = {name: token(name) for name in _GGUF_SPECIAL_KEYS}
-        return cls(templates if "default" in templates else None, **specials)
+        return cls(templates if "default" in templates else None, fallback=fallback, **specials)
 
     def render(
         self,
@@ -280,7 +313,7 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
     def __repr__(self) -> str:
-        kind = "ChatML fallback" if self.is_fallback else f"{len(self.source)} chars"
+        kind = f"{self.fallback_name} fallback" if self.is_fallback else f"{len(self.source)} chars"
         return f"ChatTemplate({kind}, named={sorted(self.templates)})"
 
 

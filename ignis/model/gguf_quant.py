@@ -82,3 +82,89 @@ def decode_q8_0(raw: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
     scale = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
     q = np.ascontiguousarray(b[..., 2:34]).view(np.int8)
     return np.ascontiguousarray(q.reshape(n, n_cols)), np.ascontiguousarray(scale)
+
+
+# Types whose values are q * scale + offset per 32 inputs with q of up to 8 bits: split
+# as q = 16 * hi + lo, each a 4-bit weight, two int4 GEMMs hold them exactly.
+WIDE_INT_TYPES = frozenset({QT.Q5_0, QT.Q5_1, QT.Q5_K, QT.Q8_0})
+
+
+def _scales_6bit(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes [..., 12] -> 8 six-bit scales and 8 six-bit mins."""
+    sc = np.empty((*s.shape[:-1], 8), dtype=np.uint8)
+    mn = np.empty((*s.shape[:-1], 8), dtype=np.uint8)
+    sc[..., :4] = s[..., 0:4] & 63
+    mn[..., :4] = s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def decode_wide_int(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw rows [N, row_bytes] of a Q5_0/Q5_1/Q5_K/Q8_0 tensor -> (q uint8 [N, K] in [0, 256),
+    scale float32 [N, K/32], offset float32 [N, K/32]) with w = q * scale + offset."""
+    n = raw.shape[0]
+    groups = n_cols // GROUP
+    if qtype == QT.Q8_0:  # w = d * q, q int8: (q + 128) * d - 128 d
+        b = raw.reshape(n, groups, 34)
+        d = _f16(b[..., 0:2])
+        q = (np.ascontiguousarray(b[..., 2:34]).view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        scale, offset = d, -128 * d
+    elif qtype in (QT.Q5_0, QT.Q5_1):  # 4 bits in qs, the fifth in a 32-bit mask
+        size = 22 if qtype == QT.Q5_0 else 24
+        b = raw.reshape(n, groups, size)
+        d = _f16(b[..., 0:2])
+        h0 = 2 if qtype == QT.Q5_0 else 4
+        qh = np.ascontiguousarray(b[..., h0 : h0 + 4]).view(np.uint32)[..., 0]
+        high = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+        q = _nibbles(b[..., h0 + 4 : h0 + 20]) | (high << 4)
+        if qtype == QT.Q5_0:
+            scale, offset = d, -16 * d
+        else:
+            scale, offset = d, _f16(b[..., 2:4])
+    elif qtype == QT.Q5_K:
+        nb = n_cols // 256
+        b = raw.reshape(n, nb, 176)
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sc, mn = _scales_6bit(b[..., 4:16])
+        qh = b[..., 16:48]  # [n, nb, 32]: bit 2j / 2j + 1 of byte l: element l of sub-block 2j / 2j + 1
+        qs = b[..., 48:176].reshape(n, nb, 4, 32)
+        bits = np.arange(8, dtype=np.uint8).reshape(4, 2)
+        high = (qh[:, :, None, None, :] >> bits[None, None, :, :, None]) & 1  # [n, nb, 4, 2, 32]
+        low = np.stack((qs & 0x0F, qs >> 4), axis=3)
+        q = low | (high << 4)
+        dsc = d[..., None] * sc.astype(np.float32)
+        scale, offset = dsc, -dmin[..., None] * mn.astype(np.float32)
+    else:
+        raise ValueError(f"{qtype.name} is not a 5- or 8-bit block type")
+    return (
+        np.ascontiguousarray(q.reshape(n, n_cols)),
+        np.ascontiguousarray(scale.reshape(n, groups), dtype=np.float32),
+        np.ascontiguousarray(offset.reshape(n, groups), dtype=np.float32),
+    )
+
+
+# What the packed CPU forms make of each GGUF tensor type (ignis/model/packed.py): the
+# start-up log names every type a file holds, so none passes unaccounted for.
+_TYPE_FATE = {
+    QT.F32: "kept fp32",
+    QT.F16: "widened from fp16",
+    QT.BF16: "widened from bf16",
+    QT.Q4_0: "int4 exact",
+    QT.Q4_1: "int4 exact",
+    QT.Q4_K: "int4 exact",
+    QT.Q8_0: "int4 pairs, exact; int8 under native decode; the embedding table int8, exact",
+    QT.Q5_0: "int4 pairs, exact; int8 under native decode",
+    QT.Q5_1: "int4 pairs, exact; int8 under native decode",
+    QT.Q5_K: "int4 pairs, exact; int8 under native decode",
+    QT.Q6_K: "requantized to int8 per row (its scales span 16 inputs)",
+}
+
+
+def describe_types(counts: dict[QT, int]) -> str:
+    """'F32 109 (kept fp32), Q4_K 27 (int4 exact), ...' for a file's tensor types."""
+    parts = []
+    for qtype, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        fate = _TYPE_FATE.get(qtype, "dequantized, then requantized to int8 in the packed forms")
+        parts.append(f"{qtype.name} {n} ({fate})")
+    return ", ".join(parts)

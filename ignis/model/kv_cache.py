@@ -25,7 +25,10 @@ def resolve_kv_cache_dtype(choice: str, *, model_dtype: torch.dtype, weight_form
     the cache must share one dtype: the model's; an explicit choice that differs is refused.
     On the CPU the attention ops read either dtype and compute in fp32: `auto` is bf16 for
     the packed weight forms (half the memory: SmolLM2 23 instead of 46 KB a token) and the
-    model's dtype otherwise (float32: the reference path stays exact)."""
+    model's dtype otherwise (float32: the reference path stays exact). bf16 needs no bf16
+    arithmetic here (widening it is a shift), and it measured at least as fast as fp32 on
+    every tier (experiments/kv_dtype_speed.py, RESULTS.md "Every CPU": AVX2 1.13-1.21x,
+    portable 1.01-1.05x, AVX-512 faster too), so the rule does not depend on the CPU."""
     if choice not in KV_CACHE_DTYPES:
         raise ValueError(f"unknown KV cache dtype {choice!r}; expected one of {KV_CACHE_DTYPES}")
     if triton:

@@ -217,16 +217,18 @@ def _load_gguf(
 
     from ignis.model.chat_template import ChatTemplate
     from ignis.model.generation_config import from_gguf
-    from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
+    from ignis.model.gguf_loader import config_from_gguf, gguf_family, iter_gguf_weights
     from ignis.model.packed import load_packed_gguf
-    from ignis.model.weight_plan import plan_weights
     from ignis.model.tokenizer import Tokenizer
+    from ignis.model.weight_plan import plan_weights
 
     reader = gguf.GGUFReader(path)
+    fam = gguf_family(reader)
     config = config_from_gguf(reader)
     plan = plan_weights(weight_form, kind="gguf", device=device, max_num_seqs=max_num_seqs)
     form = plan.form
     log.info("weight form %s: %s", form, plan.why)
+    _log_tensor_types(reader)
 
     def bar(items: Iterator[tuple[str, Any]], desc: str) -> Iterator[tuple[str, Any]]:
         return _progress(items, len(reader.tensors), progress, desc)
@@ -239,7 +241,9 @@ def _load_gguf(
             reader, config, plan, lambda items: bar(items, f"packing ({form})"), max_num_seqs=max_num_seqs
         )
     # Everything is copied out of the file's memmap, which goes with the reader.
-    return _Checkpoint(model, config, Tokenizer.from_gguf(reader), ChatTemplate.from_gguf(reader), from_gguf(reader))
+    template = ChatTemplate.from_gguf(reader, fallback=fam.chat_template)
+    _log_template(template, path)
+    return _Checkpoint(model, config, Tokenizer.from_gguf(reader), template, from_gguf(reader))
 
 
 def _load_hf(
@@ -256,9 +260,29 @@ def _load_hf(
     config = read_hf_config(path)
     model = None
     if weights:
-        tensors = _progress(iter_hf_weights(path), len(hf_tensor_names(path)), progress, "loading weights")
+        tensors = _progress(iter_hf_weights(path, config), len(hf_tensor_names(path)), progress, "loading weights")
         model = build_model(config, tensors, dtype=dtype, device=device)
-    return _Checkpoint(model, config, Tokenizer.from_hf_dir(path), ChatTemplate.from_hf_dir(path), from_hf_dir(path))
+    from ignis.model.families import family
+
+    template = ChatTemplate.from_hf_dir(path, fallback=family(config.family).chat_template)
+    _log_template(template, path)
+    return _Checkpoint(model, config, Tokenizer.from_hf_dir(path), template, from_hf_dir(path))
+
+
+def _log_template(template: ChatTemplate, path: Path) -> None:
+    if template.is_fallback:
+        log.info("%s ships no chat template: using the %s template (%s)", path.name, template.fallback_name,
+                 "its family's standard" if template.fallback_name != "chatml" else "no family standard")
+
+
+def _log_tensor_types(reader: Any) -> None:
+    """Every tensor type in the file, counted, and what the CPU forms make of each (one line)."""
+    from collections import Counter
+
+    from ignis.model.gguf_quant import describe_types
+
+    kinds = Counter(t.tensor_type for t in reader.tensors)
+    log.info("GGUF tensors: %s", describe_types(kinds))
 
 
 def _eos_ids(config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:

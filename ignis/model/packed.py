@@ -5,7 +5,10 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
   Int4Linear   4-bit weights, one (scale, zero) per 32 inputs: a 4-bit block file's values
                exactly (Q4_0, Q4_1, Q4_K), in a layout of ours, through the native op's int4
                GEMM (kernels/cpu/int4_gemm.h), or torch's where the op cannot be built.
-  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types, and
+  Int4PairLinear  5- to 8-bit blocks (Q5_0, Q5_1, Q5_K, Q8_0) exactly, as two int4 weights
+               (q = 16 hi + lo) through the same native GEMM.
+  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K,
+               whose scales span 16 inputs; F16/BF16/F32; and
                4-bit blocks below the avx512 tier: requantized, a small loss measured in
                RESULTS.md).
   Bf16Linear / Fp16Linear / Fp32Linear   kept wide copies: oneDNN bf16, fbgemm fp16 weights
@@ -39,9 +42,10 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from ignis.model.config import ModelConfig
-from ignis.model.gguf_loader import ignis_name, unpermute_rope_rows
-from ignis.model.gguf_quant import GROUP, INT4_TYPES, decode_int4, decode_q8_0
-from ignis.model.layers import Linear
+from ignis.model.families import family
+from ignis.model.gguf_loader import ignis_name, rope_heads, unpermute_rope_rows
+from ignis.model.gguf_quant import GROUP, INT4_TYPES, WIDE_INT_TYPES, decode_int4, decode_q8_0, decode_wide_int
+from ignis.model.layers import Experts, Linear
 from ignis.model.lm_head import NARROW_ROWS, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
 from ignis.model.weight_plan import WeightPlan
@@ -158,6 +162,34 @@ class Int4Linear(PackedLinear):
         so = self.scales_offsets[n0:n1]
         w = q.float() * so[..., :1] + so[..., 1:]
         return w.view(n1 - n0, k).to(dtype)
+
+
+class Int4PairLinear(PackedLinear):
+    """5- to 8-bit block weights (Q5_0, Q5_1, Q5_K, Q8_0: w = q * scale + offset per 32
+    inputs, q < 256) exactly, as two int4 weights over the same input: q = 16 hi + lo, so
+    w = (lo * scale + offset) + hi * (16 scale). Two native int4 GEMMs at small steps (1.5
+    bytes a weight with the scales, against int8's 1 and its per-row requantization); one
+    widened GEMM over their sum from WIDEN_ROWS rows."""
+
+    form = "int4x2"
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        self.in_features = q.shape[1]
+        self.lo = Int4Linear(q & 15, scale, offset, None, widen_to, native=True)
+        self.hi = Int4Linear(q >> 4, 16 * scale, np.zeros_like(offset), None, widen_to, native=True)
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = self.lo.nbytes + self.hi.nbytes
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.lo.nibbles.shape[0], self.widen, self.widen_to)
+        return self.lo._mm(x) + self.hi._mm(x)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype`: the two halves' fp32 values summed, then rounded."""
+        return (self.lo.widen(n0, n1, torch.float32) + self.hi.widen(n0, n1, torch.float32)).to(dtype)
 
 
 class Int8Linear(PackedLinear):
@@ -302,61 +334,79 @@ class DenseEmbedding:
 
 
 class _Raw:
-    """One GGUF tensor as stored: raw block rows [N, row_bytes] (Q/K rows un-permuted)."""
+    """One GGUF tensor as stored: raw block rows [N, row_bytes] (Q/K rows un-permuted); a
+    stacked [E, N, K] tensor (a mixture's experts) as E * N rows."""
 
-    def __init__(self, t: gguf.ReaderTensor, n_head: int | None) -> None:
+    def __init__(self, t: gguf.ReaderTensor | None, n_head: int | None, *, qtype: QT | None = None,
+                 shape: tuple[int, ...] | None = None, data: np.ndarray | None = None) -> None:
+        if t is None:  # a slice of another (see rows)
+            self.qtype, self.shape, self.data = qtype, shape, data
+            return
         self.qtype = t.tensor_type
         self.shape = tuple(int(d) for d in reversed(t.shape))
         data = np.asarray(t.data)
-        if len(self.shape) == 2:
-            data = data.reshape(self.shape[0], -1)
+        if len(self.shape) >= 2:
+            data = data.reshape(int(np.prod(self.shape[:-1])), -1)
             if n_head is not None:
                 data = unpermute_rope_rows(data, n_head)
         self.data = data
 
+    def rows(self, r0: int, r1: int) -> _Raw:
+        """Rows [r0, r1) of the row-flattened tensor, as a 2-D tensor of its own."""
+        return _Raw(None, None, qtype=self.qtype, shape=(r1 - r0, self.shape[-1]), data=self.data[r0:r1])
+
     def dense(self) -> np.ndarray:
+        cols = self.shape[-1]
         if self.qtype == QT.F32:
             return np.array(self.data, dtype=np.float32).reshape(self.shape)  # a copy: not the memmap
         if self.qtype in INT4_TYPES:  # vectorised here: ~10x faster than the gguf package's
-            q, s, o = decode_int4(self.data, self.qtype, self.shape[1])
-            w = q.reshape(self.shape[0], -1, GROUP).astype(np.float32) * s[..., None] + o[..., None]
+            q, s, o = decode_int4(self.data, self.qtype, cols)
+            w = q.reshape(q.shape[0], -1, GROUP).astype(np.float32) * s[..., None] + o[..., None]
             return w.reshape(self.shape)
         if self.qtype == QT.Q8_0:
-            q, s = decode_q8_0(self.data, self.shape[1])
-            w = q.reshape(self.shape[0], -1, GROUP).astype(np.float32) * s.astype(np.float32)[..., None]
+            q, s = decode_q8_0(self.data, cols)
+            w = q.reshape(q.shape[0], -1, GROUP).astype(np.float32) * s.astype(np.float32)[..., None]
             return w.reshape(self.shape)
         w = gguf.quants.dequantize(self.data, self.qtype)
         return np.asarray(w, dtype=np.float32).reshape(self.shape)
 
 
 def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[str, _Raw]]:
-    permuted = reader.get_field("general.architecture").contents() == "llama"
+    """(ignis name, raw tensor) by the family's map, Q/K rows un-permuted where its files
+    permute them."""
+    fam = family(config.family)
     for t in reader.tensors:
-        name = ignis_name(t.name)
+        name = ignis_name(t.name, fam)
         if name is None:
             continue
-        n_head = None
-        if permuted and name.endswith(".weight") and (".q_proj." in name or ".k_proj." in name):
-            n_head = config.num_heads if ".q_proj." in name else config.num_kv_heads
-        if permuted and name.endswith(".bias") and (".q_proj." in name or ".k_proj." in name):
+        heads = rope_heads(name, config) if fam.gguf_rope_permuted else None
+        if heads is not None and name.endswith(".bias"):
             raise NotImplementedError("permuted Q/K biases")  # llama GGUFs carry none
-        yield name, _Raw(t, n_head)
+        yield name, _Raw(t, heads)
 
 
-def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan) -> PackedLinear:
-    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight)."""
+def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan, pairs: bool = False) -> PackedLinear:
+    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight). `pairs`: hold
+    5- to 8-bit blocks exactly as int4 pairs (the native decode op takes int4 and int8
+    projections only: models it runs keep int8 for those)."""
     if plan.form == "mixed":
-        narrow = _build_linear(parts, None, replace(plan, form="quantized"))
+        narrow = _build_linear(parts, None, replace(plan, form="quantized"), pairs)
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
     widen_to = torch.bfloat16 if plan.widen_to == "bf16" else torch.float32
     rows = sum(p.shape[0] for p in parts)
     torch_int4 = rows % 16 == 0  # what torch's int4 packing takes, where the native op is not built
     if plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES for p in parts) and (
             torch_int4 or cpu_native.load()):
-        cols = parts[0].shape[1]
+        cols = parts[0].shape[-1]
         decoded = [decode_int4(p.data, p.qtype, cols) for p in parts]
         q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
         return Int4Linear(q, s, z, bias, widen_to)
+    if pairs and plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES | WIDE_INT_TYPES for p in parts) and (
+            cpu_native.load()):
+        cols = parts[0].shape[-1]
+        decoded = [(decode_int4 if p.qtype in INT4_TYPES else decode_wide_int)(p.data, p.qtype, cols) for p in parts]
+        q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
+        return Int4PairLinear(q, s, z, bias, widen_to)
     if plan.form == "quantized":
         return Int8Linear(_dense(parts), bias, widen_to)
     return wide_linear(_dense(parts), plan.wide, bias)
@@ -370,7 +420,7 @@ def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | DenseEmbedding:
     """Row lookups in the file's form: Q8_0 as int8 + block scales (exact), else fp32 rows
     (bf16 when the file holds them at 16 bits or fewer)."""
     if raw.qtype == QT.Q8_0:
-        q, s = decode_q8_0(raw.data, raw.shape[1])
+        q, s = decode_q8_0(raw.data, raw.shape[-1])
         return Q8Embedding(q, s, dtype)
     small = raw.qtype in (QT.F16, QT.BF16) or raw.qtype in INT4_TYPES
     w = torch.from_numpy(raw.dense())
@@ -383,61 +433,105 @@ def _meta_param(p: torch.nn.Parameter) -> torch.nn.Parameter:
 
 
 class _FusedWeights:
-    """A model's fused GEMMs (q|k|v, o, gate|up, down per layer), each built as a packed op
-    of `form` as soon as its parts (and biases) have come out of the file."""
+    """A model's GEMMs, each built as a packed op of `form` as soon as its parts (and biases)
+    have come out of the file: every Linear but a mixture's router (kept fp32: small, and
+    it decides which experts run), fused ones (the family's packed_modules: q|k|v, gate|up)
+    from their parts or whole when the file stores them fused (Phi-3), and each MoE layer's
+    experts, one (gate|up, down) pair of GEMMs per expert from the file's stacked tensors."""
 
     def __init__(self, model: Transformer, plan: WeightPlan, dtype: torch.dtype) -> None:
         self.plan, self.dtype = plan, dtype
-        # Fused GEMMs and the parts that fill them, in order.
+        self.pairs = not model.native_decode_ok  # see _build_linear
+        # The experts see few rows each: their narrow GEMMs only (a mixed form's wide copy
+        # of every expert would double a mixture's memory for steps they rarely get).
+        self.expert_plan = replace(plan, form="quantized") if plan.form == "mixed" else plan
+        fused = model.fused_linears()
+        # Each GEMM and the parts that fill it, in order.
         self.targets: dict[str, tuple[Linear, list[str]]] = {}
-        t = self.targets
-        for i, layer in enumerate(model.layers):
-            a, m = f"layers.{i}.self_attn", f"layers.{i}.mlp"
-            t[f"{a}.qkv_proj"] = (layer.self_attn.qkv_proj, [f"{a}.{p}" for p in ("q_proj", "k_proj", "v_proj")])
-            t[f"{a}.o_proj"] = (layer.self_attn.o_proj, [f"{a}.o_proj"])
-            t[f"{m}.gate_up_proj"] = (layer.mlp.gate_up_proj, [f"{m}.{p}" for p in ("gate_proj", "up_proj")])
-            t[f"{m}.down_proj"] = (layer.mlp.down_proj, [f"{m}.down_proj"])
+        for name, module in model.named_modules():
+            if isinstance(module, Linear) and not name.endswith(".mlp.gate"):
+                parts = [p for p, _, _ in fused[name][1]] if name in fused else [name]
+                self.targets[name] = (module, parts)
         self.part_of = {part: key for key, (_, parts) in self.targets.items() for part in parts}
+        self.part_of.update({key: key for key in self.targets})  # a fused GEMM stored whole
+        self.experts = {name: m for name, m in model.named_modules() if isinstance(m, Experts)}
         self.pending: dict[str, dict[str, _Raw]] = {}
         self.biases: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}  # ops built per form
         for lin, _ in self.targets.values():
             lin.weight = _meta_param(lin.weight)
 
+    def owned(self) -> set[str]:
+        """The parameter names these GEMMs replace."""
+        names = {f"{k}.{w}" for k in self.targets for w in ("weight", "bias")}
+        return names | {f"{k}.{w}" for k in self.experts for w in ("gate_up_proj", "down_proj")}
+
+    def _ready(self, key: str) -> list[str] | None:
+        """The parts `key` is built from once they are all here (itself, stored whole), else None."""
+        lin, parts = self.targets[key]
+        have = self.pending.get(key, {})
+        for choice in ([key], parts):
+            if all(p in have for p in choice) and (lin.bias is None or all(f"{p}.bias" in self.biases for p in choice)):
+                return choice
+        return None
+
     def take(self, name: str, raw: _Raw) -> bool:
-        """Keep `name` when it is part of a fused GEMM (False: it is not)."""
+        """Keep `name` when it is part of a GEMM (False: it is not)."""
         base, _, kind = name.rpartition(".")
+        owner, _, proj = base.rpartition(".")
+        if owner in self.experts and kind == "weight":
+            self.pending.setdefault(owner, {})[proj] = raw
+            if len(self.pending[owner]) == 3:
+                self._build_experts(owner)
+            return True
         key = self.part_of.get(base)
         if key is None:
             return False
         if kind == "bias":
             self.biases[name] = torch.from_numpy(raw.dense())
-            return True
-        self.pending.setdefault(key, {})[base] = raw
-        lin, parts = self.targets[key]
-        if all(p in self.pending[key] for p in parts) and (
-            lin.bias is None or all(f"{p}.bias" in self.biases for p in parts)
-        ):
+        else:
+            self.pending.setdefault(key, {})[base] = raw
+        if self._ready(key) is not None:
             self._build(key)
         return True
 
     def finish(self) -> list[str]:
-        """Build what waited for biases that came after their weights; the GEMMs missing."""
-        for key in list(self.pending):
-            if all(p in self.pending[key] for p in self.targets[key][1]):
-                self._build(key)
-        return [k for k, (lin, _) in self.targets.items() if lin.linear_op is None]
+        """The GEMMs missing from the file (what waited for biases is built by now)."""
+        missing = [k for k, (lin, _) in self.targets.items() if lin.linear_op is None]
+        return missing + [k for k, m in self.experts.items() if m.expert_ops is None]
+
+    def _count(self, op: PackedLinear) -> None:
+        self.counts[op.form] = self.counts.get(op.form, 0) + 1
 
     def _build(self, key: str) -> None:
-        lin, parts = self.targets[key]
+        lin, _ = self.targets[key]
+        parts = self._ready(key)
+        assert parts is not None
         bias = None
         if lin.bias is not None:
             bias = torch.cat([self.biases.pop(f"{p}.bias") for p in parts]).to(self.dtype)
             lin.bias = None  # the op adds it
         done = self.pending.pop(key)
-        op = _build_linear([done[p] for p in parts], bias, self.plan)
+        op = _build_linear([done[p] for p in parts], bias, self.plan, self.pairs)
         lin.linear_op = op
-        self.counts[op.form] = self.counts.get(op.form, 0) + 1
+        self._count(op)
+
+    def _build_experts(self, key: str) -> None:
+        ex = self.experts[key]
+        raw = self.pending.pop(key)
+        gate, up, down = raw["gate_proj"], raw["up_proj"], raw["down_proj"]
+        inter, hidden = ex.intermediate, down.shape[1]
+        ops = []
+        for e in range(ex.num_experts):
+            gate_up = _build_linear([gate.rows(e * inter, (e + 1) * inter), up.rows(e * inter, (e + 1) * inter)],
+                                    None, self.expert_plan, self.pairs)
+            proj = _build_linear([down.rows(e * hidden, (e + 1) * hidden)], None, self.expert_plan, self.pairs)
+            ops.append((gate_up, proj))
+            self._count(gate_up)
+            self._count(proj)
+        ex.expert_ops = ops
+        ex.gate_up_proj = _meta_param(ex.gate_up_proj)
+        ex.down_proj = _meta_param(ex.down_proj)
 
 
 def load_packed_gguf(
@@ -453,9 +547,10 @@ def load_packed_gguf(
         raise ValueError(f"load_packed_gguf builds bfloat16, quantized or mixed weights, not {form!r}")
     dtype = torch.float32
     model = Transformer(config, dtype=dtype, device="cpu")
-    small = {n: p for n, p in model.named_parameters() if ".qkv_proj." not in n and ".gate_up_proj." not in n
-             and ".o_proj." not in n and ".down_proj." not in n and n not in ("embed_tokens", "lm_head")}
+    params = dict(model.named_parameters())
     fused = _FusedWeights(model, plan, dtype)
+    owned = fused.owned()
+    small = {n: p for n, p in params.items() if n not in owned and n not in ("embed_tokens", "lm_head")}
     embed: _Raw | None = None
     head: _Raw | None = None
     items: Iterator = _iter_raw(reader, config)
@@ -479,7 +574,8 @@ def load_packed_gguf(
         raise KeyError(f"weights missing from the checkpoint, e.g. {(missing or ['embed_tokens.weight'])[:6]}")
     _set_tables(model, embed, head, dtype, max_num_seqs, plan)
     model.weight_form = form
-    total = sum(m.linear_op.nbytes for m in model.modules() if isinstance(m, Linear))
+    total = sum(m.linear_op.nbytes for m in model.modules() if isinstance(m, Linear) and m.linear_op is not None)
+    total += sum(a.nbytes + b.nbytes for m in model.modules() if isinstance(m, Experts) for a, b in m.expert_ops or ())
     log.info(
         "weights packed as %s: %s; projections %.1f MB, head %.1f MB, embedding %.1f MB",
         plan.why or form, ", ".join(f"{n} {k}" for k, n in sorted(fused.counts.items())),

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -25,8 +26,9 @@ import torch
 from torch import nn
 
 from ignis.model.config import ModelConfig
+from ignis.model.families import family
 from ignis.model.layers import Linear
-from ignis.model.transformer import Transformer
+from ignis.model.transformer import Transformer, WeightCoverage
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the ranks, in place
 
@@ -53,9 +55,12 @@ class ShardPlan:
 
 def plan_shard(config: ModelConfig, rank: int, world: int) -> ShardPlan:
     """Rank `rank`'s part of `config` over `world` ranks; ValueError (saying which sizes)
-    when the heads or the MLP do not split."""
+    when the heads or the MLP do not split, or the family has no plan."""
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"rank {rank} of {world} ranks")
+    fam = family(config.family)
+    if world > 1 and fam.tp_plan is None:
+        raise ValueError(f"engine.tensor_parallel_size={world}: {fam.tp_refusal or f'no plan for {fam.name}'}")
     h, kv, inter = config.num_heads, config.num_kv_heads, config.intermediate_size
     problems = []
     if h % world:
@@ -120,6 +125,7 @@ def build_shard(config: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]
     head = torch.zeros(len(plan.vocab), config.hidden_size, dtype=dtype, device=device)
     own = range(plan.vocab.start, min(plan.vocab.stop, config.vocab_size))
     targets = shard.weight_targets()
+    coverage = WeightCoverage(shard)
     seen: set[str] = set()
     for name, tensor in weights:
         if name == "lm_head.weight" or (name == "embed_tokens.weight" and config.tie_word_embeddings):
@@ -136,9 +142,10 @@ def build_shard(config: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]
             raise ValueError(f"{name}: expected shape {tuple(target.shape)} for rank {rank}, got {tuple(piece.shape)}")
         target.copy_(piece)
         seen.add(name)
-    missing = sorted((set(targets) | {"lm_head.weight"}) - seen)
-    if missing:
-        raise KeyError(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:6]}")
+        coverage.add(name, target)
+    if "lm_head.weight" not in seen:
+        raise KeyError("1 weights missing from the checkpoint, e.g. ['lm_head.weight']")
+    coverage.check()
     shard.lm_head = nn.Parameter(head, requires_grad=False)
     for layer in shard.layers:
         layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj, all_reduce)
@@ -147,23 +154,42 @@ def build_shard(config: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]]
     return shard.eval()
 
 
+_LAYER_PART = re.compile(r"^layers\.\d+\.(.+)\.(weight|bias)$")
+
+
 def _slice(name: str, t: torch.Tensor, c: ModelConfig, plan: ShardPlan) -> torch.Tensor:
-    """This rank's part of checkpoint tensor `name` (a view; the whole tensor when replicated)."""
-    d = c.head_dim
-    if ".q_proj." in name:  # column-parallel: its heads' rows (weight and bias)
+    """This rank's part of checkpoint tensor `name` by the family's tp_plan (a view; the
+    whole tensor when replicated). The kinds:
+      q_heads / kv_heads   column-parallel: the rank's heads' rows (weight and bias)
+      mlp_rows             column-parallel: the rank's intermediate rows
+      qkv_fused            a checkpoint's fused q|k|v: each part's rows, joined
+      gate_up_fused        a checkpoint's fused gate|up: each half's rows, joined
+      row_heads / row_mlp  row-parallel: the rank's input columns; the bias on rank 0 only
+    anything else (embedding, norms) is replicated."""
+    m = _LAYER_PART.match(name)
+    kind = (family(c.family).tp_plan or {}).get(m.group(1)) if m else None
+    if kind is None:
+        return t
+    d, is_bias = c.head_dim, m.group(2) == "bias"
+    if kind == "q_heads":
         return _head_rows(t, plan.q_heads, d)
-    if ".k_proj." in name or ".v_proj." in name:
+    if kind == "kv_heads":
         return _head_rows(t, plan.kv_heads, d)
-    if ".gate_proj." in name or ".up_proj." in name:
+    if kind == "mlp_rows":
         return _rows(t, plan.intermediate)
-    if name.endswith(".o_proj.weight"):  # row-parallel: its input columns
-        return t[:, plan.q_heads.start * d : plan.q_heads.stop * d]
-    if name.endswith(".down_proj.weight"):
-        return t[:, plan.intermediate.start : plan.intermediate.stop]
-    if name.endswith((".o_proj.bias", ".down_proj.bias")):
-        # The all-reduce sums every rank's output: the bias is added once, by rank 0.
-        return t if plan.rank == 0 else torch.zeros_like(t)
-    return t  # embedding, norms: replicated
+    if kind == "qkv_fused":
+        q, k, v = t.split((c.q_size, c.kv_size, c.kv_size))
+        return torch.cat((_head_rows(q, plan.q_heads, d), _head_rows(k, plan.kv_heads, d),
+                          _head_rows(v, plan.kv_heads, d)))
+    if kind == "gate_up_fused":
+        gate, up = t.chunk(2)
+        return torch.cat((_rows(gate, plan.intermediate), _rows(up, plan.intermediate)))
+    if kind in ("row_heads", "row_mlp"):
+        if is_bias:  # the all-reduce sums every rank's output: the bias is added once, by rank 0
+            return t if plan.rank == 0 else torch.zeros_like(t)
+        cols = range(plan.q_heads.start * d, plan.q_heads.stop * d) if kind == "row_heads" else plan.intermediate
+        return t[:, cols.start : cols.stop]
+    raise ValueError(f"unknown tensor-parallel kind {kind!r} for {name}")
 
 
 def shard_parameter_bytes(config: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> int:

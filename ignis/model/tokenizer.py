@@ -26,8 +26,13 @@ T = TypeVar("T")
 _MISSING = object()
 
 # llama.cpp's token types (`tokenizer.ggml.token_type`).
+_NORMAL = 1
+_UNKNOWN = 2
 _CONTROL = 3
 _USER_DEFINED = 4
+_UNUSED = 5
+_BYTE = 6
+_SPACE = "\u2581"  # SentencePiece's visible space
 
 # Strings that end a turn in the chat formats we know. Any of them that is an added token of a
 # vocabulary joins `eos_token_ids` (llama.cpp treats the same list as end-of-generation).
@@ -232,6 +237,81 @@ def _gguf_pipeline_spec(tokens: list[str], types: list[int], merges: list[str], 
     }
 
 
+def _spm_merges(tokens: list[str], types: list[int], rank: list[float]) -> list[list[str]]:
+    """The BPE merges a SentencePiece vocabulary implies: every split of a normal piece into
+    two normal pieces, best piece first (`rank`: higher merges earlier), then longer left
+    halves first. SentencePiece's own BPE merges the adjacent pair whose joined piece ranks
+    best, which a merge list in this order reproduces."""
+    normal = {t: i for i, (t, k) in enumerate(zip(tokens, types)) if k == _NORMAL}
+    found: list[tuple[float, int, int, int, str, str]] = []
+    for token, i in normal.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            li, ri = normal.get(left), normal.get(right)
+            if li is not None and ri is not None:
+                found.append((-rank[i], -len(left), -len(right), i, left, right))
+    found.sort(key=lambda m: m[:4])
+    return [[left, right] for *_, left, right in found]
+
+
+def _gguf_spm_spec(tokens: list[str], types: list[int], scores: list[float], *, space_prefix: bool,
+                   file_order: bool, unk: str | None) -> dict[str, Any]:
+    """The `tokenizers` pipeline (JSON) of a GGUF SentencePiece vocabulary (`llama`
+    tokenizer model): BPE over "▁"-spelled text with byte fallback (<0xNN> pieces).
+
+    Control pieces are special added tokens; user-defined ones (Gemma's runs of newlines
+    and spaces, <start_of_image>...) are matched whole wherever they occur, as
+    SentencePiece and llama.cpp match them, and are stored as written (real spaces).
+    `space_prefix` (tokenizer.ggml.add_space_prefix): a "▁" before the text (Llama 2);
+    Gemma has none. Runs of spaces stored as "▁"s are matched as Gemma writes them. `file_order`: merges ranked by position in the file rather than by
+    score (Gemma's scores do not give its merge order)."""
+    vocab: dict[str, int] = {}
+    added: list[dict[str, Any]] = []
+    for token_id, (token, kind) in enumerate(zip(tokens, types)):
+        if kind in (_CONTROL, _USER_DEFINED) or (kind == _UNKNOWN and token != unk):
+            added.append(_added_token(token_id, token, special=kind != _USER_DEFINED))
+        if token in vocab:
+            continue
+        vocab[token] = token_id
+    rank = [-float(i) for i in range(len(tokens))] if file_order else [float(x) for x in scores]
+    merges = _spm_merges(tokens, types, rank)
+    decoders: list[dict[str, Any]] = [
+        {"type": "Replace", "pattern": {"String": _SPACE}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if space_prefix:
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        # With a space prefix every stretch of text between added tokens gets its "▁", as
+        # llama.cpp prefixes each raw-text fragment that opens the text or follows a special
+        # token (the normalizer runs per stretch).
+        "normalizer": {"type": "Sequence", "normalizers": [
+            *([{"type": "Prepend", "prepend": _SPACE}] if space_prefix else []),
+            {"type": "Replace", "pattern": {"String": " "}, "content": _SPACE},
+        ]},
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": unk,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
 class Tokenizer:
     """Encode and decode text for one model.
 
@@ -247,7 +327,7 @@ class Tokenizer:
 
     def __init__(
         self,
-        pipeline: tokenizers.Tokenizer,
+        pipeline: tokenizers.Tokenizer | dict[str, Any],
         *,
         bos_token: str | None = None,
         eos_token: str | None = None,
@@ -256,10 +336,13 @@ class Tokenizer:
         add_bos: bool = False,
         extra_eos_ids: Iterable[int] = (),
     ) -> None:
-        spec = json.loads(pipeline.to_str())
+        # A pipeline's JSON spec may come as a dict (a GGUF's, built here: a 262k vocabulary
+        # spares a serialisation round trip).
+        spec = dict(pipeline) if isinstance(pipeline, dict) else json.loads(pipeline.to_str())
         spec["truncation"] = None
         spec["padding"] = None
-        for token in spec.get("added_tokens") or ():
+        spec["added_tokens"] = [dict(t) for t in spec.get("added_tokens") or ()]
+        for token in spec["added_tokens"]:
             if not token["content"].isspace():
                 # Markup matches only as written: a normalizer (NFKC, lowercase...) must not turn
                 # client text such as a full-width "＜think＞" into it.
@@ -302,23 +385,37 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, reader: Any) -> Tokenizer:
         """Build from a `gguf.GGUFReader` (or a path to a .gguf file): a byte-level BPE
-        (`tokenizer.ggml.model == "gpt2"`) with the pre-tokenizer `tokenizer.ggml.pre` names."""
+        (`tokenizer.ggml.model == "gpt2"`) with the pre-tokenizer `tokenizer.ggml.pre` names,
+        or a SentencePiece vocabulary (`"llama"`: Llama 2, Gemma, Phi-3) with byte fallback."""
         if isinstance(reader, (str, Path)):
             import gguf
 
             reader = gguf.GGUFReader(reader)
         kind = _gguf_value(reader, "tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise NotImplementedError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
+        if kind not in ("gpt2", "llama"):
+            raise NotImplementedError(
+                f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2', SentencePiece 'llama')"
+            )
         tokens: list[str] = _gguf_value(reader, "tokenizer.ggml.tokens")
         types: list[int] = _gguf_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-        merges: list[str] = _gguf_value(reader, "tokenizer.ggml.merges") or []
         pre = _gguf_value(reader, "tokenizer.ggml.pre", "default")
-        pipeline = tokenizers.Tokenizer.from_str(json.dumps(_gguf_pipeline_spec(tokens, types, merges, pre)))
 
         def token_at(key: str) -> str | None:
             token_id = _gguf_value(reader, f"tokenizer.ggml.{key}")
             return tokens[token_id] if isinstance(token_id, int) and 0 <= token_id < len(tokens) else None
+
+        if kind == "gpt2":
+            merges: list[str] = _gguf_value(reader, "tokenizer.ggml.merges") or []
+            spec = _gguf_pipeline_spec(tokens, types, merges, pre)
+            add_bos_default = pre in _TIKTOKEN_STYLE
+        else:
+            arch = str(_gguf_value(reader, "general.architecture", ""))
+            spec = _gguf_spm_spec(
+                tokens, types, _gguf_value(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens),
+                space_prefix=bool(_gguf_value(reader, "tokenizer.ggml.add_space_prefix", True)),
+                file_order=arch.startswith("gemma"), unk=token_at("unknown_token_id"),
+            )
+            add_bos_default = True  # llama.cpp's default for SentencePiece vocabularies
 
         extra_eos = [
             i
@@ -326,12 +423,12 @@ class Tokenizer:
             if isinstance(i := _gguf_value(reader, f"tokenizer.ggml.{key}"), int) and 0 <= i < len(tokens)
         ]
         return cls(
-            pipeline,
+            spec,
             bos_token=token_at("bos_token_id"),
             eos_token=token_at("eos_token_id"),
             pad_token=token_at("padding_token_id"),
             unk_token=token_at("unknown_token_id"),
-            add_bos=_gguf_value(reader, "tokenizer.ggml.add_bos_token", pre in _TIKTOKEN_STYLE),
+            add_bos=_gguf_value(reader, "tokenizer.ggml.add_bos_token", add_bos_default),
             extra_eos_ids=extra_eos,
         )
 

@@ -10,6 +10,10 @@
     tool_forcing.py       a demanded tool call's forced opening, the thinking budget
     structured.py         the output grammar of a JSON format, strict and custom tools
     freeform.py           a custom tool's Lark / regex grammar, held inside its JSON string
+    grammar_bounds.py     the limits on a request's grammars, checked before anything renders or compiles
+    schema_outline.py     a JSON schema's size, depth and satisfiability, read without recursion
+    lark_outline.py       the same for a Lark grammar: rules, alternatives, chains, rules that never end
+    grammar_graph.py      the two graph questions both ask (weighted depth, productivity), in linear time
     admission.py          engine room for HTTP (else 503), the server-wide FIFO for sockets
     turn.py               one turn, any transport: engine outputs -> parser -> encoder events
     logprobs.py           per-token logprobs, put on the answer text they belong to

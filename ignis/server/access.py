@@ -20,6 +20,8 @@ __all__ = ["access_log", "on_request", "on_response", "log_outcome", "log_client
 
 # nginx's status for "client closed request": the client went away before the response ended.
 CLIENT_CLOSED = 499
+# An error message in a line is cut to this (a message may quote what a client sent).
+ERROR_CHARS = 300
 
 access_log = logging.getLogger("ignis.access")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -57,6 +59,10 @@ def log_client_closed(request: Request, response_id: str, outcome: Outcome, *, e
                     response_id, u.input_tokens, u.output_tokens, request_id(request))
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+
+
 def _proto(request: Request) -> str:
     return f"HTTP/{request.version}"
 
@@ -76,5 +82,5 @@ def log_outcome(where: str, response_id: str, outcome: Outcome, *, stream_id: st
     access_log.info(
         "%s %s%s %s: input=%d cached=%d output=%d%s total=%.3fs%s",
         where, response_id, lane, status, u.input_tokens, u.cached_tokens, u.output_tokens, ttft,
-        outcome.elapsed, f" ({outcome.error})" if outcome.error and outcome.status == "failed" else "",
+        outcome.elapsed, f" ({_cut(outcome.error)})" if outcome.error and outcome.status == "failed" else "",
     )

@@ -32,8 +32,10 @@ other than Lark's ``common`` terminals.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
 
 try:  # Python 3.11+: the parser moved under re (sre_parse is deprecated)
     from re import _constants as sre_c  # type: ignore[attr-defined]
@@ -53,8 +55,14 @@ class FreeformError(ValueError):
 _SPECIAL = [chr(c) for c in range(0x20)] + ['"', "\\", "\x7f"]
 _PLAIN = '[^"\\\\\\x00-\\x1F\\x7F]'  # a Rust regex class: characters that stand for themselves
 _META = set("\\.+*?()|[]{}^$#&-~ /")
-# Characters probed to tell whether a class has plain members at all.
-_PROBES = [chr(c) for c in range(0x20, 0x7F) if chr(c) not in '"\\'] + ["\u00e9", "\u4e2d", "\u00a0", "\U0001f600"]
+# Where plain characters (a JSON string holds them as they are) begin and end: a class's
+# plain members, if any, include one of these or one next to an end of its ranges.
+_PLAIN_EDGES = (0x20, 0x21, 0x23, 0x5B, 0x5D, 0x7E, 0x80, 0xD7FF, 0xE000, 0xFFFF, 0x10000, 0x10FFFF)
+# What a category (\d, \w, \s and their complements) certainly holds, for the same test.
+_CATEGORY_PROBES = "0a_ !\u00a0\u00e9\u4e2d\u0660\U0001f600"
+_ALL_PLAIN: str | None = None  # every plain character, built on the rare first need
+_MAX_SCANS = 16  # searches over all of them, per grammar
+_scans = threading.local()
 
 
 def _json_escape(c: str) -> str:
@@ -89,21 +97,68 @@ _CATEGORIES = {
 }
 
 
+def _surrogate(code: int) -> bool:
+    return 0xD800 <= code <= 0xDFFF
+
+
 def _class_src(items: list) -> str:
-    """A character class (Rust and Python syntax) from sre_parse's IN items."""
+    """A character class (Rust and Python syntax) from sre_parse's IN items. Surrogates,
+    which no UTF-8 text holds (and Rust's classes refuse), are left out."""
     negate, parts = False, []
     for op, av in items:
         if op is sre_c.LITERAL:
-            parts.append(_class_char(chr(av)))
+            if not _surrogate(av):
+                parts.append(_class_char(chr(av)))
         elif op is sre_c.RANGE:
-            parts.append(f"{_class_char(chr(av[0]))}-{_class_char(chr(av[1]))}")
+            low, high = av
+            low = 0xE000 if _surrogate(low) else low
+            high = 0xD7FF if _surrogate(high) else high
+            if low <= high:
+                parts.append(f"{_class_char(chr(low))}-{_class_char(chr(high))}")
         elif op is sre_c.CATEGORY:
             parts.append(_CATEGORIES[av])
         elif op is sre_c.NEGATE:
             negate = True
         else:
             raise FreeformError(f"unsupported item in a character class: {op}")
+    if not parts and not negate:
+        raise FreeformError("the character class matches nothing (it holds only surrogates)")
     return "[" + ("^" if negate else "") + "".join(parts) + "]"
+
+
+def _is_plain(c: str) -> bool:
+    return ord(c) >= 0x20 and c not in '"\\\x7f' and not _surrogate(ord(c))
+
+
+def _has_plain(test: re.Pattern[str], src: str, flags: int) -> bool:
+    """Whether the class `test` (compiled from `src`) matches a plain character. Its
+    membership changes only at the ends of its ranges and literals (each one's
+    neighbours, and the edges of the plain set, are tried), except through categories
+    (\\d, \\w, \\s: what they hold is tried) and case folding: a class with either that
+    none of those matches is searched over every plain character (a few per grammar)."""
+    codes = set(_PLAIN_EDGES)
+    for m in re.finditer(r"(?s)\\?(.)", src):  # every character the source names, and its neighbours
+        code = ord(m.group(1))
+        codes.update((code - 1, code, code + 1))
+    candidates = [chr(c) for c in codes if 0 <= c <= 0x10FFFF] + list(_CATEGORY_PROBES)
+    if any(_is_plain(c) and test.fullmatch(c) for c in candidates):
+        return True
+    if not (flags & re.IGNORECASE or re.search(r"\\[dDsSwW]", src)):
+        return False  # (no category, no folding: the ends tell it all)
+    budget = getattr(_scans, "left", _MAX_SCANS)
+    if budget <= 0:
+        raise FreeformError(f"more than {_MAX_SCANS} character classes that match almost nothing (such as "
+                            f"[^\\D\\S]) in one grammar")
+    _scans.left = budget - 1
+    return _search_all(src, flags & re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=256)
+def _search_all(src: str, flags: int) -> bool:
+    global _ALL_PLAIN
+    if _ALL_PLAIN is None:
+        _ALL_PLAIN = "".join(chr(c) for c in range(0x20, 0x110000) if _is_plain(chr(c)))
+    return re.compile(src, flags).search(_ALL_PLAIN) is not None
 
 
 def _set(src: str, flags: int) -> str:
@@ -111,7 +166,7 @@ def _set(src: str, flags: int) -> str:
     members, one literal for the escape of each special member."""
     test = re.compile(src, flags & (re.IGNORECASE | re.DOTALL))
     alts = [_char(c) for c in _SPECIAL if test.fullmatch(c)]
-    if any(test.fullmatch(c) for c in _PROBES) or src.startswith("[^") or src in ("[\\s\\S]", "[^\\n]"):
+    if _has_plain(test, src, flags):
         plain = f"[{src}&&{_PLAIN}]"
         alts.insert(0, "/" + (f"(?i:{plain})" if flags & re.IGNORECASE else plain) + "/")
     if not alts:
@@ -128,6 +183,8 @@ def _repeat(body: str, low: int, high: int) -> str:
 
 def _node(op, av, flags: int) -> str:  # noqa: C901 - one case per sre_parse opcode
     if op is sre_c.LITERAL:
+        if _surrogate(av):
+            raise FreeformError("a lone surrogate (\\ud800-\\udfff) matches no UTF-8 text")
         return _char(chr(av), bool(flags & re.IGNORECASE))
     if op is sre_c.NOT_LITERAL:
         return _set(f"[^{_class_char(chr(av))}]", flags)
@@ -162,13 +219,18 @@ def regex_expr(pattern: str, flags: str = "") -> str:
     try:
         parsed = sre_parse.parse(pattern, value)
     except re.error as exc:
-        raise FreeformError(f"invalid regex /{pattern}/: {exc}") from None
+        raise FreeformError(f"invalid regex /{pattern[:80]}/: {exc}") from None
+    except RecursionError:
+        raise FreeformError("the regex nests too deeply") from None
     nodes = list(parsed)
     while nodes and nodes[0][0] is sre_c.AT and nodes[0][1] in (sre_c.AT_BEGINNING, sre_c.AT_BEGINNING_STRING):
         nodes.pop(0)
     while nodes and nodes[-1][0] is sre_c.AT and nodes[-1][1] in (sre_c.AT_END, sre_c.AT_END_STRING):
         nodes.pop()
-    return _seq(nodes, parsed.state.flags)
+    try:
+        return _seq(nodes, parsed.state.flags)
+    except RecursionError:
+        raise FreeformError("the regex nests too deeply") from None
 
 
 # -- Lark grammars ------------------------------------------------------------------
@@ -247,6 +309,7 @@ _PYTHON_ONLY = re.compile(r"\(\?<?[=!]|\\[1-9]")
 def json_string_rule(syntax: str | None, definition: str | None) -> str:
     """A Lark rule body matching a JSON string (quotes included) whose decoded text the
     custom tool's format accepts. `syntax` None: any text."""
+    _scans.left = _MAX_SCANS
     if syntax is None:
         return '%json {"type": "string"}'
     if syntax == "regex":

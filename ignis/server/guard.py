@@ -18,6 +18,9 @@ these checks it could drive the model with no key configured (the `make serve` d
   ``application/json`` (what the SDKs send; JSON forces a preflight on browsers), else 415.
 - A path holding a NUL byte names no file and no route: 404 (the static file handler
   would fail on it with a 500).
+- ``Host`` itself (RFC 9112, 3.2): a request with more than one ``Host`` line, or an
+  HTTP/1.1 request with none, is a 400 (``invalid_host_header``) on every bind: the
+  allow-list above can only be trusted when exactly one name is given.
 """
 
 from __future__ import annotations
@@ -99,7 +102,15 @@ def check_request(request: Request, cfg: ServerConfig) -> HTTPResponse | None:
     if "\x00" in unquote(request.path):  # the path as sent is still percent-encoded
         return refusal_response(Refusal(f"Invalid URL ({request.method} {request.path!r}).", code="unknown_url",
                                         status=404))
-    host = request.headers.get("host")
+    hosts = request.headers.getall("host", [])
+    # (Sanic answers a head that never fully arrived, a 408 say, through a stand-in request
+    # with no headers and method "NONE": not a request that came without a Host.)
+    if len(hosts) > 1 or (not hosts and request.version != "1.0" and request.method != "NONE"):
+        return refusal_response(Refusal(
+            f"A request must carry exactly one Host header; this one has {len(hosts)}.",
+            code="invalid_host_header", status=400,
+        ))
+    host = hosts[0] if hosts else None
     if is_loopback_bind(cfg.host) and not _host_allowed(host, cfg.allowed_hosts):
         return refusal_response(Refusal(
             "This server is bound to a loopback address and answers only to loopback host names "

@@ -15,6 +15,7 @@ from typing import Any
 
 from ignis.engine import SamplingParams
 from ignis.server.context import ServerContext
+from ignis.server.grammar_bounds import check_grammars
 from ignis.server.params import check_context, engine_params
 from ignis.server.render import Prompt
 from ignis.server.structured import output_grammar
@@ -34,6 +35,13 @@ def prepare_response(ctx: ServerContext, request: ResponsesRequest, *,
     (a socket prewarm) the prompt ends without the generation prompt and there are no
     sampling parameters."""
     conv = to_conversation(request)
+    where = {t.name: t.where for t in request.tools}
+
+    def tool_param(name: str) -> str:
+        return f"{where.get(name) or 'tools'}.parameters"
+
+    if generation:  # cheap refusals first: nothing is rendered or compiled past a limit
+        check_grammars(request.text.format, conv.tools, format_param="text.format", tool_param=tool_param)
     prompt = ctx.renderer.render(
         conv.messages, conv.tools, conv.tool_choice,
         thinking=request.sampling.thinking, generation=generation, param="input",
@@ -42,28 +50,30 @@ def prepare_response(ctx: ServerContext, request: ResponsesRequest, *,
     if not generation:
         check_context(len(prompt.ids), ctx.max_model_len, "input", prewarm=True)
         return prompt, None
-    where = {t.name: t.where for t in request.tools}
     return _constrained(
         ctx, prompt, conv.tools, conv.tool_choice, request.sampling, request.text.format,
         parallel=request.parallel_tool_calls, logprobs=request.include_logprobs or bool(request.top_logprobs),
-        param="input", format_param="text.format",
-        tool_param=lambda name: f"{where.get(name) or 'tools'}.parameters",
+        param="input", format_param="text.format", tool_param=tool_param,
     )
 
 
 def prepare_chat(ctx: ServerContext, request: ChatRequest) -> tuple[Prompt, SamplingParams]:
     """A chat-completions request."""
+    index = {t.name: i for i, t in enumerate(request.tools)}
+
+    def tool_param(name: str) -> str:
+        return f"tools[{index.get(name, 0)}].function.parameters"
+
+    check_grammars(request.response_format, request.tools, format_param="response_format.json_schema",
+                   tool_param=tool_param)
     prompt = ctx.renderer.render(request.messages, request.tools, request.tool_choice,
                                  thinking=request.sampling.thinking, param="messages",
                                  max_tokens=ctx.max_model_len - 1)
-    index = {t.name: i for i, t in enumerate(request.tools)}
-    prompt, params = _constrained(
+    return _constrained(
         ctx, prompt, request.tools, request.tool_choice, request.sampling, request.response_format,
         parallel=request.parallel_tool_calls, logprobs=request.logprobs, param="messages",
-        format_param="response_format.json_schema",
-        tool_param=lambda name: f"tools[{index.get(name, 0)}].function.parameters",
+        format_param="response_format.json_schema", tool_param=tool_param,
     )
-    return prompt, params
 
 
 def _constrained(ctx: ServerContext, prompt: Prompt, tools: Sequence[FunctionTool], choice: ToolChoice,
@@ -72,6 +82,7 @@ def _constrained(ctx: ServerContext, prompt: Prompt, tools: Sequence[FunctionToo
     """The output grammar (with the thinking budget inside it) or the budget alone, and
     the sampling parameters."""
     tokenizer, vocab = ctx.loaded.tokenizer, ctx.loaded.config.vocab_size
+    check_context(len(prompt.ids), ctx.max_model_len, param)  # before any grammar compiles
     prompt = demand_calls(prompt, choice, tools)
     budget = think_budget(prompt.parser, tokenizer, sampling.thinking_budget, context=ctx.max_model_len)
     grammar = output_grammar(prompt.parser, text_format, tools, choice, sampling, parallel=parallel,

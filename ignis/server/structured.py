@@ -23,21 +23,28 @@ What is constrained (ignis/engine/grammar.py enforces it, from the first output 
   (a grammar cannot honour them; a JSON format, or a demanded call with a strict or
   custom tool, refuses them).
 - A reasoning template: an optional think block first (or the rest of the block the
-  prompt opened), free text up to the first closing tag; a thinking budget is a
+  prompt opened; none when the request turns thinking off), free text up to the first
+  closing tag; a thinking budget is a
   ``max_tokens`` on that text, after which the closing tag is the only choice.
 
 A grammar the engine cannot compile is the client's: 400 with llguidance's message at
-the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). Stop strings
-and ``min_tokens`` cannot be combined with a grammar (400 at ``stop`` / ``min_tokens``).
+the schema's param (``text.format.schema``, ``tools[i].parameters``, ...). The whole
+grammar is compiled once; only when that fails is each part compiled alone, to say
+which one is at fault. Stop strings and ``min_tokens`` cannot be combined with a
+grammar (400 at ``stop`` / ``min_tokens``). A custom tool's own grammar is compiled
+alone first as well: its JSON-escaped form reads it more leniently than llguidance
+does. The size, depth and cycle limits of every part were checked before
+(ignis/server/grammar_bounds.py, called by prepare.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, ll_tokenizer
+from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, bounded_message, ll_tokenizer
 from ignis.engine.thinking import ThinkBudget
 from ignis.output_parser import ParserConfig
 from ignis.server.freeform import FreeformError, json_string_rule, regex_literal
@@ -57,6 +64,9 @@ def _with_options(schema: Mapping[str, Any], strict: bool) -> dict[str, Any]:
     """The schema with the engine's JSON layout (and leniency for non-strict schemas)."""
     options = dict(JSON_OPTIONS, lenient=not strict)
     return {**schema, "x-guidance": options}
+
+
+Checks = list[Callable[[], None]]  # a part compiled alone: raises its Refusal when it fails
 
 
 def _check(schema: Mapping[str, Any], strict: bool, tokenizer: Any, *, owner: str, param: str, code: str) -> None:
@@ -94,7 +104,7 @@ def _refuse_with_grammar(sampling: SamplingFields) -> None:
 
 
 def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: Any, lt: Any,
-                tool_param: Callable[[str], str]) -> list[str]:
+                tool_param: Callable[[str], str], checks: Checks) -> list[str]:
     """Rules for one tool call block, ``call``: ``<tool_call>\\n{"name": "NAME",
     "arguments": ARGS}\\n</tool_call>`` as the Hermes block in the system prompt teaches
     it, ARGS the tool's schema (strict) or any JSON object; ``call_body`` is what follows
@@ -107,8 +117,8 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
             rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
             rules.append(f"input_{k}: {_custom_input(tool, lt)}")
         elif tool.strict and tool.parameters:
-            _check(tool.parameters, True, lt, owner=f"function '{tool.name}'", param=tool_param(tool.name),
-                   code="invalid_function_parameters")
+            checks.append(partial(_check, tool.parameters, True, lt, owner=f"function '{tool.name}'",
+                                  param=tool_param(tool.name), code="invalid_function_parameters"))
             rules.append(f"args_{k}: {_json(tool.parameters, True)}")
         else:  # any JSON object: one rule for all such tools (a grammar's symbols are bounded)
             plain.append(name)
@@ -124,6 +134,17 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
     return rules
 
 
+def _check_custom(tool: FunctionTool, lt: Any, where: str) -> None:
+    fmt = tool.format
+    assert fmt is not None
+    try:
+        own = Grammar.lark(fmt.definition or "") if fmt.syntax == "lark" else Grammar.regex(fmt.definition or "")
+        own.check(lt)
+    except (GrammarError, ValueError) as exc:
+        raise Refusal(f"Invalid grammar for custom tool '{tool.name}': {bounded_message(str(exc))}", param=where,
+                      code="invalid_value") from None
+
+
 def _custom_input(tool: FunctionTool, lt: Any) -> str:
     """The rule body of a custom tool's input (a JSON string its format accepts). A
     grammar llguidance rejects, or one that cannot be held inside a JSON string, is the
@@ -131,24 +152,21 @@ def _custom_input(tool: FunctionTool, lt: Any) -> str:
     fmt = tool.format
     assert fmt is not None
     where = f"{tool.where or 'tools'}.format.definition"
-    if fmt.syntax is not None:
-        try:
-            own = Grammar.lark(fmt.definition or "") if fmt.syntax == "lark" else Grammar.regex(fmt.definition or "")
-            own.check(lt)
-        except (GrammarError, ValueError) as exc:
-            raise Refusal(f"Invalid grammar for custom tool '{tool.name}': {exc}", param=where,
-                          code="invalid_value") from None
+    if fmt.syntax is not None:  # as llguidance reads it (the JSON-escaped form below reads more leniently)
+        _check_custom(tool, lt, where)
     try:
         return json_string_rule(fmt.syntax, fmt.definition)
     except FreeformError as exc:
-        raise Refusal(f"Unsupported grammar for custom tool '{tool.name}': {exc}", param=where,
-                      code="invalid_value") from None
+        raise Refusal(f"Unsupported grammar for custom tool '{tool.name}': {bounded_message(str(exc))}",
+                      param=where, code="invalid_value") from None
 
 
-def _think(parser: ParserConfig, tokenizer: Any, body: str, budget: ThinkBudget | None) -> list[str]:
+def _think(parser: ParserConfig, tokenizer: Any, body: str, budget: ThinkBudget | None,
+           thinking: bool | None = None) -> list[str]:
     """``start``: the answer `body`, after an optional think block (or the rest of the one
-    the prompt opened) when the template reasons; at most `budget.tokens` tokens in it."""
-    if not parser.reasoning:
+    the prompt opened) when the template reasons and the request did not turn thinking
+    off; at most `budget.tokens` tokens in it."""
+    if not parser.reasoning or (thinking is False and not parser.starts_in_reasoning):
         return [f"start: {body}"]
     end = _tag(parser.think_end, tokenizer)
     if budget is not None:  # (a budget implies the closing tag is one token)
@@ -217,15 +235,17 @@ def output_grammar(
     lt = ll_tokenizer(tokenizer, vocab_size)
     rules: list[str] = []
     alternatives: list[str] = []
+    checks: Checks = []
     if answer_json is not None:
         strict_format = bool(text_format.strict)
         where = f"{format_param}.schema" if text_format.type == "json_schema" else format_param
-        _check(answer_json, strict_format, lt, owner=f"response_format '{text_format.name or 'json_object'}'",
-               param=where, code="invalid_json_schema")
+        checks.append(partial(_check, answer_json, strict_format, lt,
+                              owner=f"response_format '{text_format.name or 'json_object'}'", param=where,
+                              code="invalid_json_schema"))
         rules.append(f"answer: {_json(answer_json, strict_format)}")
         alternatives.append("answer")
     if callable_tools:
-        rules += _call_rules(callable_tools, parser, tokenizer, lt, tool_param)
+        rules += _call_rules(callable_tools, parser, tokenizer, lt, tool_param, checks)
     if mode == "lazy":
         body, lazy_rules = _lazy_calls(parser, tokenizer, parallel)
         rules += lazy_rules
@@ -234,9 +254,12 @@ def output_grammar(
             rules.append("calls: call (WS? call)*" if parallel else "calls: call")
             alternatives.append("calls")
         body = " | ".join(alternatives)
-    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body, think_budget), *rules, "WS: /[ \\t\\r\\n]+/"]))
+    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body, think_budget, sampling.thinking), *rules, "WS: /[ \\t\\r\\n]+/"]))
     try:
-        return grammar.prepared(lt)  # its matcher built here, in the worker thread
-    except GrammarError as exc:  # each schema compiled alone above: a tag or name the grammar cannot hold
+        return grammar.prepared(lt)  # its matcher built here (a compile thread; the caller waits)
+    except GrammarError as exc:
+        for check in checks:  # which part is at fault: each alone (raises its Refusal)
+            check()
+        # Every part compiles alone: a tag or name the grammar cannot hold.
         raise Refusal(f"The output grammar for this request does not compile: {exc}", param=None,
                       code="invalid_value") from None

@@ -9,14 +9,25 @@
 // reads what ignis/model/packed.py's Int4Linear wrote, on every CPU. Activations stay fp32
 // (torch's takes bf16). Per row and group: sum_k W x = s * sum_k q x + o * sum_k x,
 // so x is split once per call into its even and odd elements (the nibbles' order) and its
-// group sums, and the inner loop widens 32 nibbles of each of four weight rows, scales them
-// by s, and multiplies them into up to four rows of x at once. AVX-512 and AVX2+FMA bodies, portable loops otherwise.
+// group sums, and the inner loop widens 32 nibbles of each of several weight rows and
+// multiplies them into up to two rows of x at once. AVX-512 (a 16-entry table of q * s + o
+// per group, looked up by the nibbles: fp32 throughout) and AVX2+FMA bodies, portable loops
+// otherwise.
+//
+// AVX2 has no such lookup, and widening nibbles to fp32 (convert, scale, FMA) costs three
+// floating-point operations per eight weights. There x is also held as int16 per group of 32,
+// scaled by a power of two (x = xq * 2^e, |xq| < 2^15: a relative error under 2^-15 of the
+// group's largest |x|, some 250x finer than bf16's), the nibbles are multiplied into it with
+// integer multiply-adds (16 products an instruction, exact in int32), and each group's sum
+// is scaled once: s * 2^e * sum_k q xq. A power of two keeps x's exact values where they fit
+// (the identity's ones, zeros) and the scaling exact.
 
 #pragma once
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -34,21 +45,68 @@ struct Weights {
   int64_t N, K;
 };
 
-// x split as the nibbles are: xe [T, K/2] (x[2i]), xo [T, K/2] (x[2i+1]), xs [T, G] (group sums).
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define IGNIS_INT4_INT16_X 1
+#endif
+
+// x split as the nibbles are: xe [T, K/2] (x[2i]), xo [T, K/2] (x[2i+1]), xs [T, G] (group
+// sums, from fp32 x). AVX2: per group, the 16 even then the 16 odd elements as int16 (xq
+// [T, K]) and the power of two that scales them (xp [T, G]) in place of xe and xo.
 struct Split {
   std::vector<float> xe, xo, xs;
+#if IGNIS_INT4_INT16_X
+  std::vector<int16_t> xq;
+  std::vector<float> xp;
+#endif
   int64_t T, K2, G;
 
   Split(const float* x, int64_t T_, int64_t K) : T(T_), K2(K / 2), G(K / kGroup) {
+    xs.assign(T * G, 0.0f);
+#if IGNIS_INT4_INT16_X
+    xq.resize(T * K);
+    xp.resize(T * G);
+#else
     xe.resize(T * K2);
     xo.resize(T * K2);
-    xs.assign(T * G, 0.0f);
+#endif
     for (int64_t t = 0; t < T; ++t) {
       const float* r = x + t * K;
+#if IGNIS_INT4_INT16_X
+      const __m256 sign = _mm256_set1_ps(-0.0f);
+      const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* v = r + g * kGroup;
+        __m256 f[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; ++j) {
+          f[j] = _mm256_loadu_ps(v + 8 * j);
+          m = _mm256_max_ps(m, _mm256_andnot_ps(sign, f[j]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+        // The smallest 2^e with amax / 2^e < 2^15 (rounding may reach 32768: packs saturates).
+        int e = 0;
+        if (amax > 0.0f) {
+          std::frexp(amax, &e);  // amax = m * 2^e, m in [0.5, 1): amax < 2^e
+          e -= 15;
+        }
+        const __m256 scale = _mm256_set1_ps(std::ldexp(1.0f, -e));
+        __m256i i[4];
+        for (int j = 0; j < 4; ++j)  // rounded to nearest; each 8 as its 4 even, then 4 odd
+          i[j] = _mm256_permutevar8x32_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(f[j], scale)), evens_first);
+        const __m256i a = _mm256_packs_epi32(i[0], i[1]), b = _mm256_packs_epi32(i[2], i[3]);  // [evens | odds]
+        int16_t* out = xq.data() + t * K + g * kGroup;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(a, b, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(a, b, 0x31));
+        xp[t * G + g] = std::ldexp(1.0f, e);
+      }
+#else
       for (int64_t i = 0; i < K2; ++i) {
         xe[t * K2 + i] = r[2 * i];
         xo[t * K2 + i] = r[2 * i + 1];
       }
+#endif
       for (int64_t g = 0; g < G; ++g) {
         float s = 0.0f;
         for (int64_t k = 0; k < kGroup; ++k) s += r[g * kGroup + k];
@@ -103,24 +161,31 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
   }
   for (int r = 0; r < NB; ++r)
     for (int t = 0; t < TB; ++t) dot[r][t] = _mm512_reduce_add_ps(acc[r][t]);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif IGNIS_INT4_INT16_X
   __m256 acc[NB][TB];
   for (int r = 0; r < NB; ++r)
     for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi32(15);
+  const __m256i low = _mm256_set1_epi16(15);
+  const int64_t K = 2 * K2;
   for (int64_t g = 0; g < G; ++g) {
-    for (int h = 0; h < 2; ++h) {  // bytes 8h .. 8h + 8 of the group: x's elements 16h .. 16h + 16
-      for (int r = 0; r < NB; ++r) {
-        const uint8_t* q = w.q + (n0 + r) * K2 + 16 * g + 8 * h;
-        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-        const __m256 s = _mm256_set1_ps(w.so[((n0 + r) * G + g) * 2]);
-        const __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, low)), s);
-        const __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), s);
-        for (int t = 0; t < TB; ++t) {
-          const float* e = x.xe.data() + (t0 + t) * K2 + 16 * g + 8 * h;
-          const float* o = x.xo.data() + (t0 + t) * K2 + 16 * g + 8 * h;
-          acc[r][t] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(o), _mm256_fmadd_ps(lo, _mm256_loadu_ps(e), acc[r][t]));
-        }
+    __m256i e[TB], o[TB];  // x's 16 even and 16 odd elements of the group, int16
+    __m256 p[TB];
+    for (int t = 0; t < TB; ++t) {
+      const int16_t* xq = x.xq.data() + (t0 + t) * K + g * kGroup;
+      e[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+      o[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16));
+      p[t] = _mm256_set1_ps(x.xp[(t0 + t) * G + g]);
+    }
+    for (int r = 0; r < NB; ++r) {
+      const uint8_t* q = w.q + (n0 + r) * K2 + 16 * g;
+      // 16 bytes, one a 16-bit lane: the low nibbles are the even elements, the high the odd
+      const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      const __m256i lo = _mm256_and_si256(b, low), hi = _mm256_srli_epi16(b, 4);
+      const __m256 s = _mm256_set1_ps(w.so[((n0 + r) * G + g) * 2]);
+      for (int t = 0; t < TB; ++t) {
+        // 15 * 32767 * 2 per int32 lane, 16 lanes summed into 8: far inside int32
+        const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo, e[t]), _mm256_madd_epi16(hi, o[t]));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), p[t]), s, acc[r][t]);
       }
     }
   }
@@ -158,7 +223,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
 }
 
 // Weight rows x rows of x per block: as many accumulators as the registers hold (AVX-512: 32
-// registers, 8 x 2; AVX2: 16, 4 x 2).
+// registers, 8 x 2; AVX2: 16, 4 x 2: 8 accumulators, 4 x, 4 weights).
 #if defined(__AVX512F__)
 constexpr int kWeightRows = 8;
 #else

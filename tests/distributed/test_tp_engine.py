@@ -22,9 +22,9 @@ def _record(engine: LLMEngine) -> list[torch.Tensor]:
     seen: list[torch.Tensor] = []
     sample = engine.runner.sampler.sample
 
-    def recording(logits, seqs):
+    def recording(logits, seqs, **kwargs):
         seen.append(logits.detach().clone())
-        return sample(logits, seqs)
+        return sample(logits, seqs, **kwargs)
 
     engine.runner.sampler.sample = recording  # type: ignore[method-assign]
     return seen

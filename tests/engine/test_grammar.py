@@ -109,15 +109,15 @@ def test_abort_frees_the_matcher(tiny: LoadedModel) -> None:
 def test_empty_mask_fails_that_row_only(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing is allowed (a mask with no bit set): that request fails with a message,
     the other of the batch goes on."""
-    import ignis.engine.sampler as sampler_module
+    import ignis.engine.grammar_masks as masks_module
 
-    real = sampler_module.fill_masks
+    real = masks_module.fill_masks
 
     def empty(states, out):
         real(states, out)
         out[:] = 0
 
-    monkeypatch.setattr(sampler_module, "fill_masks", empty)
+    monkeypatch.setattr(masks_module, "fill_masks", empty)
     engine = LLMEngine(tiny, CFG)
     bad = SamplingParams.greedy(10, grammar=Grammar.regex("abc"))
     outs = engine.generate([_prompt(tiny)] * 2, [bad, SamplingParams.greedy(4)])
@@ -170,27 +170,27 @@ def test_a_prepared_grammar_starts_each_sequence_from_a_copy(tiny: LoadedModel) 
 
 
 def test_masks_are_filled_while_the_model_runs(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner starts each step's bitmasks before the forward, on the sampler's helper
-    thread; the sampler uses them. A prefetch for other rows than those sampled is not
-    used: the masks are filled afresh for the rows at hand."""
+    """The runner starts each step's bitmasks before the forward, on the mask threads; the
+    sampler uses them. A prefetch for other rows than those sampled is left alone: the
+    masks of the rows at hand are filled for them."""
     import threading
 
-    import ignis.engine.sampler as sampler_module
+    import ignis.engine.grammar_masks as masks_module
 
-    real = sampler_module.fill_masks
+    real = masks_module.fill_masks
     threads: list[str] = []
 
     def spy(states, out):
         threads.append(threading.current_thread().name)
         real(states, out)
 
-    monkeypatch.setattr(sampler_module, "fill_masks", spy)
+    monkeypatch.setattr(masks_module, "fill_masks", spy)
     engine = LLMEngine(tiny, CFG)
     out = engine.generate([_prompt(tiny)], SamplingParams.greedy(80, grammar=Grammar.json_schema(SCHEMA)))[0]
     jsonschema.validate(json.loads(tiny.tokenizer.decode(out.token_ids)), SCHEMA)
     assert threads and all(name.startswith("ignis-masks") for name in threads)
 
-    # A stale prefetch (other rows): waited for, not used.
+    # A prefetch for other rows: not used for these.
     engine.add_request("a", _prompt(tiny), SamplingParams.greedy(4, grammar=Grammar.regex("[0-9]+")))
     engine.add_request("b", _prompt(tiny, "cat"), SamplingParams.greedy(4, grammar=Grammar.regex("[a-c]+")))
     a, b = engine.seqs["a"], engine.seqs["b"]
@@ -198,4 +198,4 @@ def test_masks_are_filled_while_the_model_runs(tiny: LoadedModel, monkeypatch: p
     sampler.prefetch_masks([a])
     logits = torch.zeros(1, tiny.config.vocab_size)
     got = sampler.sample(logits, [b])
-    assert not got.errors and tiny.tokenizer.decode([got.tokens[0]]).strip("abc") == ""
+    assert not got.errors and not got.deferred and tiny.tokenizer.decode([got.tokens[0]]).strip("abc") == ""

@@ -31,6 +31,7 @@ from triton.compiler import ASTSource
 
 from kernels.attention import tile_config
 from kernels.attention_kernel import paged_attention_kernel
+from kernels.moe_kernel import grouped_gemm_kernel
 from kernels.attention_split import combine_splits_kernel
 from kernels.kv_cache import _write_kv_kernel
 from kernels.sampling_tensors import GREEDY_EPS
@@ -149,13 +150,13 @@ def compile_all(quick: bool = False) -> list[dict]:
         const = dict(
             BLOCK_SIZE=16, HEAD_DIM=head_dim_pad, PAD_D=head_dim != head_dim_pad, GROUP_PAD=group_pad,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DECODE=max_q <= 1, NUM_SPLITS=splits,
-            USE_WINDOW=window, UPCAST=False, FP32_DOT=dtype == torch.float32,
+            USE_WINDOW=window, SOFTCAP=False, UPCAST=False, FP32_DOT=dtype == torch.float32,
             stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
         )
         # The runtime marks an int argument divisible by 16 when it is (head_dim 80 is):
         # what lets the masked loads of a padded head stay 16-byte async copies.
         divisible = frozenset({"head_dim"}) if head_dim % 16 == 0 else frozenset()
-        k = _compile(paged_attention_kernel, ptrs, {"qk_scale"}, const, cfg.num_warps, cfg.num_stages, divisible)
+        k = _compile(paged_attention_kernel, ptrs, {"qk_scale", "softcap"}, const, cfg.num_warps, cfg.num_stages, divisible)
         rows.append({
             "kernel": "paged_attention", "dtype": ty, "head_dim": head_dim, "group_pad": group_pad,
             "max_query_len": max_q, "splits": splits, "window": window, **cfg.__dict__,
@@ -190,6 +191,16 @@ def compile_all(quick: bool = False) -> list[dict]:
             stages = getattr(SAMPLER, "num_stages", 3)
             k = _compile(_sample_kernel, ptrs, set(), const, SAMPLER.num_warps, stages, divisible=frozenset({"V"}))
             rows.append({"kernel": "sample", "dtype": _TY[dtype], "logprobs": logprobs, "num_stages": stages,
+                         "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
+    # The grouped expert GEMM at kernels.moe's default tiles (mixtures of experts).
+    for dtype in (torch.bfloat16, torch.float32):
+        for bias in (False, True) if not quick else (False,):
+            ty = f"*{_TY[dtype]}"
+            ptrs = {"x_ptr": ty, "w_ptr": ty, "bias_ptr": ty, "out_ptr": ty, "offsets_ptr": "*i32"}
+            const = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, HAS_BIAS=bias, UPCAST=False,
+                         FP32_DOT=dtype == torch.float32, stride_xk=1, stride_wk=1, stride_bn=1, stride_on=1)
+            k = _compile(grouped_gemm_kernel, ptrs, set(), const, 4, 3)
+            rows.append({"kernel": "grouped_gemm", "dtype": _TY[dtype], "bias": bias,
                          "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
     return rows
 

@@ -82,7 +82,8 @@ def check(
         scale, sliding_window, out, **kwargs,
     )
     assert res is out
-    ref = paged_attention_ref(*batch.args(), scale=scale, sliding_window=sliding_window)
+    ref = paged_attention_ref(*batch.args(), scale=scale, sliding_window=sliding_window,
+                              softcap=kwargs.get("softcap"))
     msg = f"seed={seed} seq_lens={batch.seq_lens_list} query_lens={batch.query_lens} kwargs={kwargs}"
     assert not out.isnan().any(), f"unwritten or poisoned rows: {out.isnan().any(-1).nonzero().tolist()[:8]} {msg}"
     torch.testing.assert_close(out.float(), ref.float(), **TOL[q.dtype], msg=lambda m: f"{m}\n{msg}")
@@ -201,6 +202,28 @@ def test_custom_scale(seed):
     gen = torch.Generator().manual_seed(seed)
     scale = float(torch.empty(()).uniform_(0.01, 0.5, generator=gen))
     check(batch_for(seed, "mixed", 4, 64, 16), seed, scale=scale)
+
+
+def test_reference_softcap_matches_dense_scores(seed):
+    """Soft-capped scores (Gemma 2): softmax(cap * tanh(scale q.k / cap)) v, by hand."""
+    gen = torch.Generator().manual_seed(seed)
+    batch = make_paged_batch([9], [9], 2, 1, 16, 4, generator=gen)
+    batch.q.mul_(4.0)  # scores large enough that the cap bends them
+    out = paged_attention_ref(*batch.args(), scale=0.25, softcap=2.0)
+    k, v = batch.dense_kv(0)
+    s = torch.einsum("thd,sd->hts", batch.q, k[:, 0]) * 0.25
+    s = (2.0 * torch.tanh(s / 2.0)).masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf"))
+    expect = torch.einsum("hts,sd->thd", s.softmax(-1), v[:, 0])
+    torch.testing.assert_close(out, expect, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, paged_attention_ref(*batch.args(), scale=0.25), atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["decode", "mixed"])
+def test_softcap(seed, mode):
+    batch = batch_for(seed, mode, 2, 32, 16)
+    batch.q.mul_(6.0)
+    check(batch, seed, scale=0.3, softcap=5.0, config=TileConfig(16, 16, 4, 1))
+    check(batch, seed, scale=0.3, softcap=5.0, sliding_window=7, num_splits=2)
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 8])

@@ -17,6 +17,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
+def int4_gemm_rtol() -> float:
+    """How close the native int4 GEMM comes to the file's weight times x (relative to the
+    largest output): fp32 activations, or on the AVX2 tier int16 ones per group of 32
+    (kernels/cpu/int4_gemm.h: within 2^-15 of each group's largest |x|)."""
+    from kernels import cpu_platform
+
+    return 3e-4 if cpu_platform.current().level == "avx2" else 1e-5
+
+
 def block_tables_for(lengths: Sequence[int], block_size: int) -> list[list[int]]:
     """Interleaved (not contiguous) block ids, so a wrong table lookup cannot go unnoticed."""
     counts = [-(-n // block_size) for n in lengths]

@@ -549,3 +549,35 @@ def test_neutralizer_edge_fragments_are_the_longest_at_each_edge() -> None:
         parts.insert(rng.randrange(len(parts) + 1), token[a : rng.randrange(a, len(token) + 1)])
         s = "".join(parts)
         assert guard._risky_spans(s) == definition(s), repr(s)
+
+
+def test_family_standard_template_when_the_file_has_none(tmp_path: Path) -> None:
+    """A Gemma GGUF without tokenizer.chat_template gets Gemma's turns (what llama.cpp's
+    --chat-template gemma renders): the system text opens the first user turn, the
+    assistant is "model", BOS from the template."""
+    import gguf
+
+    from ignis.model.chat_template import GEMMA_TEMPLATE, ChatTemplate
+
+    path = tmp_path / "g.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_token_list(["<pad>", "<eos>", "<bos>"])
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    template = ChatTemplate.from_gguf(path, fallback="gemma")
+    assert template.is_fallback and template.fallback_name == "gemma" and template.source == GEMMA_TEMPLATE
+    text = template.render([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": " Hi! "},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
+        {"role": "user", "content": "Bye"},
+    ])
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+                    "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    assert ChatTemplate.from_gguf(path).fallback_name == "chatml"
+    with pytest.raises(ChatTemplateError, match="no standard chat template"):
+        ChatTemplate(None, fallback="nope")

@@ -36,13 +36,16 @@ from ignis.model.lm_head import NARROW_ROWS
 from ignis.model.loader import load_model
 from ignis.model.native_decode import NativeDecoder
 from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights
-from kernels import cpu_native
+from kernels import cpu_native, cpu_platform
 from kernels.attention_cpu_native import NativeCpuAttention
 from tests.model.paged_utils import block_tables_for, rel_err
 from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
 
 TOL = 3e-2  # any row of any step
-TYPICAL = 1e-4  # the median row
+# The median row; on the AVX2 tier 5e-4: its int4 GEMM rounds x to int16 per group of 32
+# (kernels/cpu/int4_gemm.h), so a last-bit difference between the two paths' inputs can move
+# a rounding by 2^-16 of the group's largest.
+TYPICAL = 5e-4 if cpu_platform.current().level == "avx2" else 1e-4
 BLOCK = 4
 KV_DTYPES = pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["kv_fp32", "kv_bf16"])
 # What this machine (or IGNIS_CPU_CAPS) builds: 4-bit blocks as int4 GEMMs (avx512) or int8.

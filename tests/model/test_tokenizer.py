@@ -189,15 +189,15 @@ def test_gguf_user_defined_tokens_are_added_not_special(tiny_dir: Path, tmp_path
 def test_gguf_rejects_other_tokenizer_models(tmp_path: Path) -> None:
     import gguf
 
-    path = tmp_path / "spm.gguf"
+    path = tmp_path / "wpm.gguf"
     writer = gguf.GGUFWriter(str(path), arch="llama")
-    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_model("bert")  # WordPiece (SentencePiece "llama" is read: test_spm_tokenizer.py)
     writer.add_token_list(["<unk>", "a"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(NotImplementedError, match="llama"):
+    with pytest.raises(NotImplementedError, match="'bert' is not supported"):
         Tokenizer.from_gguf(path)
 
 

@@ -119,6 +119,14 @@ def token_id(path: Path, token: str) -> int:
     return found
 
 
+# config.json model_type -> the transformers config class that builds it.
+CONFIG_CLASSES = {
+    "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+    "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig", "qwen3_moe": "Qwen3MoeConfig",
+    "mixtral": "MixtralConfig", "phi3": "Phi3Config", "olmo2": "Olmo2Config", "granite": "GraniteConfig",
+}
+
+
 def hf_config(
     family: str = "llama",
     *,
@@ -137,13 +145,15 @@ def hf_config(
     bos_token_id: int | None = None,
     **extra: Any,
 ) -> Any:
-    """A transformers config object of the family, tiny sizes."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    """A transformers config object of the family (a config.json model_type), tiny sizes."""
+    import transformers
 
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
-    rope = {"rope_type": "default", "rope_theta": rope_theta}
+    cls = getattr(transformers, CONFIG_CLASSES[family])
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_theta}
     if rope_scaling:
         rope = {**rope, **rope_scaling}
+    if family == "gemma3":  # one set of RoPE parameters per layer type
+        rope = {"full_attention": rope, "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     kwargs: dict[str, Any] = dict(
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -328,3 +338,36 @@ def build_tiny_gguf(model_dir: Path, out: Path, qtypes: dict[str, Any] | None = 
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+# -- SentencePiece ------------------------------------------------------------------------
+
+# Gemma's special ids and turn markers, for a tiny SentencePiece vocabulary of its shape.
+SPM_CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>"]
+SPM_USER_DEFINED = ["<start_of_turn>", "<end_of_turn>"]
+SPM_TEXTS = SENTENCES + [
+    "Grüße aus München! Ça va? 日本語のテキスト。",
+    "    indented code\n\ttabbed\n\nnew paragraph",
+    "numbers 12345 and 3.14159, emoji 🙂🚀",
+]
+
+
+def build_tiny_spm(path: Path, vocab_size: int = TOKENIZER_VOCAB, *, dummy_prefix: bool = False) -> Path:
+    """Train a tiny SentencePiece BPE model (byte fallback, Gemma's ids: pad 0, eos 1, bos 2,
+    unk 3, and its turn markers as user-defined pieces) into path/tokenizer.model.
+    dummy_prefix: Llama's "▁" before the text (Gemma has none)."""
+    import io
+
+    import sentencepiece as spm
+
+    path.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SPM_TEXTS * 4), model_writer=buf, model_type="bpe", vocab_size=vocab_size,
+        byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>",
+        bos_piece="<bos>", unk_piece="<unk>", user_defined_symbols=SPM_USER_DEFINED,
+        add_dummy_prefix=dummy_prefix, remove_extra_whitespaces=False, normalization_rule_name="identity",
+        split_digits=True, character_coverage=0.99, allow_whitespace_only_pieces=True, minloglevel=2,
+    )
+    (path / "tokenizer.model").write_bytes(buf.getvalue())
+    return path / "tokenizer.model"

@@ -57,6 +57,17 @@ def test_the_checker_fails_what_the_schema_refuses():
         openresponses.check_event({"type": "response.steered", "sequence_number": 0})
 
 
+def test_every_reasoning_effort_openai_accepts_validates():
+    """OpenAI's efforts include ``minimal``, which the peer schema describes but leaves
+    out of its enum (found by the fuzzer in CI); the echoed value must still validate."""
+    for effort in ("none", "minimal", "low", "medium", "high", "xhigh"):
+        req = decode_request({"model": "m", "input": "", "reasoning": {"effort": effort}})
+        resp = ResponseStream(req).finish("length", Usage())[-1]["response"]
+        assert resp["reasoning"]["effort"] == effort
+        openresponses.check_response(resp)
+        validate_response(resp)
+
+
 def test_every_field_of_the_response_object_with_the_values_used():
     req = decode_request({"model": "m", "input": "hi", "presence_penalty": 0.25})
     resp = ResponseStream(req).finish("stop", Usage(3, 2))[-1]["response"]

@@ -20,7 +20,7 @@ ENVELOPE = {"message", "type", "param", "code"}
 PARAMLESS = {"invalid_json", "invalid_frame", "request_too_large", "invalid_api_key", "engine_overloaded",
              "engine_unavailable", "server_shutting_down", "unknown_url", "method_not_allowed", "forbidden_origin",
              "host_not_allowed", "unsupported_media_type", "request_timeout", "too_many_connections",
-             "socket_buffer_full", "invalid_frame"}
+             "socket_buffer_full", "invalid_frame", "invalid_host_header"}
 
 
 def check_envelope(body: Any, status: int) -> dict[str, Any]:
