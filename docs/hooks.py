@@ -192,3 +192,16 @@ def fill(markdown: str) -> str:
 
 def on_page_markdown(markdown: str, **_: object) -> str:
     return fill(markdown)
+
+
+# Figures the experiments write next to their scripts, served under assets/ without a copy in docs/.
+FIGURES = {"assets/vs_llamacpp.png": ROOT / "experiments" / "vs_llamacpp.png"}
+
+
+def on_files(files, config, **_: object):  # noqa: ANN001, ANN201 (mkdocs' Files and config)
+    from mkdocs.structure.files import File
+
+    for uri, path in FIGURES.items():
+        if path.exists():
+            files.append(File.generated(config, uri, abs_src_path=str(path)))
+    return files
