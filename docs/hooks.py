@@ -198,7 +198,7 @@ def on_page_markdown(markdown: str, **_: object) -> str:
 FIGURES = {"assets/vs_llamacpp.png": ROOT / "experiments" / "vs_llamacpp.png"}
 
 
-def on_files(files, config, **_: object):  # noqa: ANN001, ANN201 (mkdocs' Files and config)
+def on_files(files, config, **_: object):  # mkdocs passes its Files and config
     from mkdocs.structure.files import File
 
     for uri, path in FIGURES.items():
