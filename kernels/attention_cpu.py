@@ -9,7 +9,7 @@ token (prefill chunks) still go through the reference, one sequence at a time.
 
 A lone decode row (one user's step) skips the mask too: its keys are sliced to exactly its
 context (or window), and the query heads that share a kv head become that head's query
-rows, so SDPA runs unmasked with no GQA expansion (RESULTS.md, session 6: 20.6 vs 22.6 us
+rows, so SDPA runs unmasked with no GQA expansion (experiments/RESULTS.md: 20.6 vs 22.6 us
 per layer at 80 keys, 289 vs 355 at 2000, one thread).
 
 SDPA runs in fp32 whatever the cache holds: a bf16 cache (engine.kv_cache_dtype) has its

@@ -4,7 +4,7 @@ kernels.cpu_native.load()).
 
 The eager batched path gathers every decode row's blocks into one padded [d, ctx] copy
 per layer and runs SDPA over it with a mask: at 64 rows the gather and SDPA were a third
-of a decode step (RESULTS.md, session 7). The native op reads each row's keys in place
+of a decode step (experiments/RESULTS.md). The native op reads each row's keys in place
 from its blocks, exactly its length (or window), split over keys across threads. Prefill
 rows are CpuAttention's as before (as is everything when q is not fp32, or the cache
 neither fp32 nor bf16).

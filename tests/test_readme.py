@@ -1,17 +1,21 @@
-"""The README, followed literally: every shell block of its set-up and connect sections
-(and the Python SDK block) runs here as written. The only changes are the port (a free
-one instead of 8000: `make serve` takes `ARGS` from the environment, the other blocks get
-the port replaced) and HOME (a temporary folder, so `~/.codex-ignis` is the test's).
+"""The README and the docs' getting-started and connect pages, followed literally: every
+shell and Python block of the README's set-up and connect sections, of
+docs/getting-started.md and of docs/connect.md runs here as written. The only changes are
+the port (a free one instead of 8000: `make serve` takes `ARGS` from the environment, the
+other blocks get the port replaced) and HOME (a temporary folder, so `~/.codex-ignis` is
+the test's). A block the README and a page share runs once.
 
-- Set up: `make serve` serves the embedded SmolLM2; the first-request block, with no
-  sampling fields, answers coherently and `completed`, and so do 20 more such requests,
-  each under the model's output cap. `make test` is the command CI runs (`.ci/run`); the
-  suite cannot run itself.
-- Connect: `make clients` first (what `make test` already did: nothing to do then), then,
-  against the scripted model served under the name `smollm2-135m` with the key `sk-local`,
-  since those blocks print model text: Codex CLI (exec, then resume, its catalog read from
-  the server), the OpenAI SDK over HTTP, SSE and the socket, the Agents SDK over HTTP and
-  the socket, and curl with server-sent events.
+- Set up, against the embedded SmolLM2 (the blocks need a model's answer): `make serve`
+  serves it; the first-request block, with no sampling fields, answers "Paris" and
+  `completed`, and so do 20 more such requests, each under the model's output cap; the
+  page's offline `ignis.generate` block answers "Paris" too. `make test` is the command
+  CI runs (`.ci/run`); the suite cannot run itself.
+- Connect, against the scripted model served under the name `smollm2-135m` with the key
+  `sk-local` (the blocks print model text, and a fixed reply lets the test count it):
+  `make clients` first (what `make test` already did: nothing to do then), then Codex CLI
+  (exec, then resume, its catalog read from the server), the OpenAI SDK (the README's
+  create; the page's create, stream and socket), the Agents SDK (the README's HTTP run;
+  the page's HTTP and socket runs), and curl with server-sent events.
 """
 
 from __future__ import annotations
@@ -33,18 +37,20 @@ from tests.server.server_harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+GETTING_STARTED = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+CONNECT = (ROOT / "docs" / "connect.md").read_text(encoding="utf-8")
 SCRIPT = ROOT / "tests" / "clients" / "script.yaml"
 SCRIPTED_DEFAULT = "I have no scripted answer for that."
 
 
-def section(title: str) -> str:
-    """The README's text under the heading `title` (any level), to the next heading of the
-    same or a higher level."""
-    m = re.search(rf"^(#+) {re.escape(title)}.*$", README, re.M)
-    assert m, f"README has no section {title!r}"
+def section(title: str, text: str = README) -> str:
+    """The text under the heading `title` (any level), to the next heading of the same or a
+    higher level."""
+    m = re.search(rf"^(#+) {re.escape(title)}.*$", text, re.M)
+    assert m, f"no section {title!r}"
     level = len(m.group(1))
-    end = re.compile(rf"^#{{1,{level}}} ", re.M).search(README, m.end())
-    return README[m.end(): end.start() if end else len(README)]
+    end = re.compile(rf"^#{{1,{level}}} ", re.M).search(text, m.end())
+    return text[m.end(): end.start() if end else len(text)]
 
 
 def blocks(text: str, lang: str) -> list[str]:
@@ -106,6 +112,8 @@ def test_set_up_is_the_two_commands_and_ci_runs_the_second():
     setup = blocks(section("Set up (two commands, fresh machine)"), "sh")
     commands = [line.split("#")[0].strip() for line in setup[0].splitlines()]
     assert commands == ["make serve", "make test"]
+    # The getting-started page gives the same two commands and the same first request.
+    assert blocks(GETTING_STARTED, "sh")[:2] == setup[:2]
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^make test$", ci, re.M)
 
@@ -114,6 +122,9 @@ def test_set_up_is_the_two_commands_and_ci_runs_the_second():
 def test_quick_start_as_written(tmp_path: Path):
     setup = section("Set up (two commands, fresh machine)")
     first_request = blocks(setup, "sh")[1]
+    page = blocks(GETTING_STARTED, "sh")
+    assert len(page) == 3 and page[1] == first_request, "update this test with the page's blocks"
+    generate = page[2]
     port = free_port()
     env = base_env(tmp_path)
     env["ARGS"] = f"server.port={port}"  # make takes ARGS from the environment
@@ -137,19 +148,39 @@ def test_quick_start_as_written(tmp_path: Path):
         assert all(status == "completed" and n < 512 for status, n in ended), ended
     finally:
         log = server.stop()
+    offline = bash(generate, env, timeout=600)  # after the server: one model in memory at a time
+    assert "Paris" in offline.stdout, offline.stdout + offline.stderr
     defaults = next(line for line in log.splitlines() if "sampling defaults:" in line)
     for part in ("temperature=0 (model.sampling)", "top_p=1 (OpenAI)", "max_output_tokens=512 (model.sampling)"):
         assert part in defaults, defaults
     assert body["input"] not in log  # no prompt text in the logs
 
 
+def connect_blocks() -> tuple[list[str], list[tuple[str, int]]]:
+    """The shell blocks (install, Codex, curl) and the Python blocks with the number of
+    answers each prints, of the README's connect section and then the connect page's; a
+    block both hold once."""
+    readme = section("Connect a client")
+    assert readme.lstrip().startswith("```sh\nmake clients")
+    shell, python = [], []
+    # README: SDK create; Agents over HTTP. The page: SDK create, stream, socket; Agents
+    # over HTTP and the socket.
+    for text, runs in ((readme, (1, 1)), (CONNECT, (3, 2))):
+        sh, py = blocks(text, "sh"), blocks(text, "python")
+        assert len(sh) == 3 and len(py) == 2, "update this test with the blocks"
+        assert sh[0].split("#")[0].strip() == "make clients"
+        shell += [b for b in sh if b not in shell]
+        python += [(b, n) for b, n in zip(py, runs) if b not in [have for have, _ in python]]
+    return shell, python
+
+
 @pytest.mark.slow
 def test_connect_blocks_as_written(tmp_path: Path):
-    connect = section("Connect a client")
-    shell, python = blocks(connect, "sh"), blocks(connect, "python")
-    assert len(shell) == 3 and len(python) == 2, "update this test with the README's blocks"
-    install, codex, curl = shell
-    assert connect.lstrip().startswith("```sh\nmake clients") and install.split("#")[0].strip() == "make clients"
+    shell, python = connect_blocks()
+    install = shell[0]
+    codex = [b for b in shell if "codex exec" in b]
+    curl = [b for b in shell if b.lstrip().startswith("curl")]
+    assert len(codex) == 1 and len(curl) == 1 and len(shell) == 3, "the README and the page differ: update this test"
     port = free_port()
     env = base_env(tmp_path)
     env["IGNIS_BASE_URL"] = f"http://127.0.0.1:{port}"
@@ -158,16 +189,16 @@ def test_connect_blocks_as_written(tmp_path: Path):
     try:
         bash(install, env, timeout=1800)
         server.wait_healthy()
-        out = bash(with_port(codex, port), env)
+        out = bash(with_port(codex[0], port), env)
         assert out.stdout.count(SCRIPTED_DEFAULT) == 2, out.stdout + out.stderr  # exec, then resume --last
         config = (tmp_path / ".codex-ignis" / "config.toml").read_text()
         assert "model_catalog_url" in config and "model_catalog_json" not in config  # no catalog file
-        for block, runs in zip(python, (3, 2)):  # SDK: create, stream, socket; Agents: HTTP, socket
+        for block, runs in python:
             got = subprocess.run([sys.executable, "-c", with_port(block, port)], cwd=ROOT, env=env,
                                  capture_output=True, text=True, timeout=120)
-            assert got.returncode == 0, got.stderr
-            assert got.stdout.count(SCRIPTED_DEFAULT) == runs, got.stdout
-        sse = bash(with_port(curl, port), env).stdout
+            assert got.returncode == 0, block + got.stderr
+            assert got.stdout.count(SCRIPTED_DEFAULT) == runs, block + got.stdout
+        sse = bash(with_port(curl[0], port), env).stdout
         assert "event: response.completed" in sse and SCRIPTED_DEFAULT.split()[0] in sse
     finally:
         log = server.stop()

@@ -3,8 +3,8 @@
 A long prefill allocates hundreds of MB of activations (a 2048-token chunk's MLP alone is
 tens of MB per op) through torch's CPU allocator, that is glibc's malloc. glibc keeps
 what is freed in its arenas for reuse, so after a 5.6k-token prompt an idle SmolLM2
-server stayed ~200 MB above what it holds (830 -> 633 MB after `malloc_trim(0)`, RESULTS.md
-session 7). The engine trims once it has no request left and has computed enough tokens
+server stayed ~200 MB above what it holds (830 -> 633 MB after `malloc_trim(0)`,
+experiments/RESULTS.md). The engine trims once it has no request left and has computed enough tokens
 since the last trim to have grown the heap; a trim costs a few milliseconds, paid only
 while idle. Elsewhere than glibc this is a no-op.
 """

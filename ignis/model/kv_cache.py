@@ -77,7 +77,7 @@ def allocate_kv_caches(
     size (torch.zeros writes every page up front). Transparent huge pages are declined for
     it: each layer's K and V are written from their first block on, and at 2 MiB a page
     SmolLM2's 60 regions made a short request resident ~120 MiB of cache instead of ~1
-    (numpy's calloc, used before, asks the kernel for huge pages; RESULTS.md session 7)."""
+    (numpy's calloc, used before, asks the kernel for huge pages; experiments/RESULTS.md)."""
     shape = (config.num_layers, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
     if torch.device(device).type == "cpu":
         storage = _lazy_zeros(shape, dtype)

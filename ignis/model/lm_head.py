@@ -60,7 +60,7 @@ class Int8DynamicHead:
         n = w.shape[0]
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         # torch's quantized-tensor constructors warn that they are deprecated; the
-        # prepacked form is what the dynamic linear takes (torch pinned, see DESIGN.md).
+        # prepacked form is what the dynamic linear takes (torch is pinned in pyproject.toml).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             qw = torch.quantize_per_channel(w, scale.double(), torch.zeros(n, dtype=torch.long), 0, torch.qint8)

@@ -286,7 +286,7 @@ void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* tabl
 // go in tiles of 16, widened once into `tile` [kv_heads][16][D] fp32 while the next
 // tile is prefetched; per query head, 16 dot products are vector FMAs summed across
 // lanes together (sum_lanes16), exp is 16 lanes wide, and the output stays in registers
-// across a tile. ~17 GB/s on the same keys (RESULTS.md, session 8).
+// across a tile. ~17 GB/s on the same keys (experiments/RESULTS.md).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {  // bf16 bits: widened exactly, as bf16_to_float
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
