@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.grammar_masks import blocked
-from ignis.engine.step_cost import StepCost
 from ignis.engine.sequence import Sequence, Status
+from ignis.engine.step_cost import StepCost
 
 
 @dataclass
