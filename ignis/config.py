@@ -61,12 +61,20 @@ class SamplingDefaults:
     default from generation_config.json / GGUF metadata, else OpenAI's: temperature 1,
     top_p 1, the rest off). A field the request sets always wins."""
 
+    # Softmax temperature for requests that send none; 0 = greedy.
     temperature: float | None = None
+    # Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.
     top_p: float | None = None
+    # Keep only the top_k most likely tokens (0 or -1: off).
     top_k: int | None = None
+    # Drop tokens below min_p times the most likely token's probability.
     min_p: float | None = None
+    # A token seen in the prompt or output: its logit divided by this if positive,
+    # multiplied if negative (1 = off).
     repetition_penalty: float | None = None
+    # Subtracted from the logit of every token already in the output (0 = off).
     presence_penalty: float | None = None
+    # Subtracted per occurrence of a token already in the output (0 = off).
     frequency_penalty: float | None = None
     # The output limit of a request that sets none (server.max_output_tokens still caps it).
     max_output_tokens: int | None = None
