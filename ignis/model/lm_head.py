@@ -9,8 +9,8 @@ which at one sampling row makes it the largest single cost of a decode step. Two
 
   narrow  (at most NARROW_ROWS rows): int8 weights, one scale per vocabulary row, through
           torch's dynamic-quantized linear (fbgemm: the step's activations quantized to
-          uint8, int8 dot products). Half bf16's bytes; measured 4x faster than oneDNN bf16
-          at one row, 3x at four (RESULTS.md). Full 8-bit activations need VNNI: without
+          uint8, int8 dot products). Half bf16's bytes, and the faster at few rows
+          (experiments/RESULTS.md). Full 8-bit activations need VNNI: without
           it fbgemm's products pass a saturating 16-bit add, and 7-bit activations
           (torch's reduce_range) keep them exact at twice the rounding.
   wide    (more rows, or no narrow GEMM): the plan's wide GEMM (oneDNN bf16, else fbgemm
@@ -19,10 +19,8 @@ which at one sampling row makes it the largest single cost of a decode step. Two
 
 Either way each row's top candidates are then recomputed in fp32 from the exact rows (the
 embedding table when tied): rounding moves logits enough to flip a near-tie at the top, and
-with it a 135M model's greedy answer ("What is the capital of France?": "The capital of
-France is Paris." in fp32, "L'Etoile, la Marseillaise, ..." with a bf16 head, measured).
-Greedy choices match fp32 whenever fp32's best is among the GEMM's top (always so on
-experiments/perplexity_text.txt with 8 candidates for bf16, 16 for int8).
+with it a small model's greedy answer. Greedy choices match fp32 whenever fp32's best is
+among the GEMM's top (8 candidates for bf16, 16 for int8; experiments/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -8,24 +8,22 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
   Int4PairLinear  5- to 8-bit blocks (Q5_0, Q5_1, Q5_K, Q8_0) exactly, as two int4 weights
                (q = 16 hi + lo) through the same native GEMM.
   Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K,
-               whose scales span 16 inputs; F16/BF16/F32; and
-               4-bit blocks below the avx512 tier: requantized, a small loss measured in
-               RESULTS.md).
+               whose scales span 16 inputs; F16/BF16/F32; and 4-bit blocks where the
+               native op cannot be built: requantized, a small loss).
   Bf16Linear / Fp16Linear / Fp32Linear   kept wide copies: oneDNN bf16, fbgemm fp16 weights
                with fp32 activations, oneDNN fp32.
   MixedLinear  a narrow (int4/int8) and a wide op over one weight, chosen by the step's rows.
 Steps of WIDEN_ROWS rows or more (prefill chunks) through an int4/int8 op widen its weight
 for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster there, no
-copy kept. Activations stay fp32 between GEMMs: each op casts its input to what its kernel
-takes (torch's CPU SDPA and small bf16 elementwise ops are 5-9x slower than fp32 at decode
-sizes, measured; the casts cost ~2 us per GEMM). The LM head is ignis/model/lm_head.py's.
+copy kept. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
+fp32 at decode sizes): each op casts its input to what its kernel takes. The LM head is
+ignis/model/lm_head.py's.
 The embedding table keeps the file's form (Q8_0: int8 values with their block scales,
 exact) and is dequantized row by row as tokens are looked up, so a tied head is the only
 tensor held twice (the table for lookups, the head's GEMMs).
 
-Measured (experiments/bench_cpu_linear.py; RESULTS.md): with bf16 activations, torch's int4
-and int8 GEMMs match oneDNN bf16 at one row on AVX-512 but are 1.7-2.6x slower from 16
-rows; with fp32 activations they fall back to a scalar loop (20-500x slower).
+What each GEMM costs per shape and row count: experiments/bench_cpu_linear.py, and
+experiments/RESULTS.md for the figures.
 """
 
 from __future__ import annotations
