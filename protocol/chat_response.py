@@ -111,6 +111,9 @@ def chat_usage(usage: Usage | None) -> dict[str, Any]:
     }
 
 
+# Failure codes that are the request's fault (its output grammar could not go on).
+CLIENT_FAILURE_CODES = frozenset({"invalid_grammar"})
+
 _REASONS = {
     "stop": "stop",
     "tool_calls": "stop",  # -> "tool_calls" when a call was made
@@ -264,7 +267,10 @@ class ChatStream:
             return []
         self._open = False
         self._usage = usage
-        self._failure = Refusal(message, param=None, code=code, type="server_error", status=500)
+        # A failure the request's own output grammar caused is the client's: 400.
+        client = code in CLIENT_FAILURE_CODES
+        self._failure = Refusal(message, param=None, code=code, type="invalid_request_error" if client else "server_error",
+                                status=400 if client else 500)
         return [self._failure.envelope()] if self.emit else []
 
     # ------------------------------------------------------------------ output

@@ -233,3 +233,11 @@ def fill_masks(states: list[GrammarState], out: np.ndarray) -> None:
         _executor = llguidance.LLExecutor()
     _executor.unsafe_compute_mask_ptr([(s.matcher, k) for k, s in enumerate(states)], out.ctypes.data, row_bytes,
                                       out.shape[0])
+
+
+def is_grammar_failure(error: str | None) -> bool:
+    """Whether a request's engine error came from its own output grammar (the sampler's
+    and the matcher's failures, the mask's timeout: each names "the output grammar"),
+    the client's schema or grammar rather than the server."""
+    return error is not None and "output grammar" in error
+

@@ -9,7 +9,8 @@ Deadlines (server.request_timeout for a non-streaming request from its arrival,
 server.stream_timeout for a stream from its admission): a stream gets one
 ``data: {"error": {..., "code": "timeout"}}`` line then ``[DONE]``; a non-streaming
 request gets 504 with that error. An engine failure: the same with code
-``server_error`` (500). Cut by a server shutdown: the same with code
+``server_error`` (500), or ``invalid_grammar`` (400) where the request's own output grammar
+could not go on (a limit of the grammar engine). Cut by a server shutdown: the same with code
 ``server_shutting_down`` (503).
 """
 

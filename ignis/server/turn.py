@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ignis.engine import EngineFinish, RequestOutput, RequestStream
+from ignis.engine.grammar import is_grammar_failure
 from ignis.model.tokenizer import Tokenizer
 from ignis.output_parser import OutputParser
 from ignis.server.logprobs import LogprobRouter, token_logprobs
@@ -146,7 +147,10 @@ def _end(final: RequestOutput | None, reason: EngineFinish, parser: OutputParser
     if reason is EngineFinish.DEADLINE:
         return "timeout", ending.timeout_message, encoder.fail(ending.timeout_message, ending.timeout_code, usage)
     error = (final.error if final is not None else None) or "The engine failed this request."
-    return "failed", error, encoder.fail(f"The engine failed this request: {error}", "server_error", usage)
+    # The request's own grammar (a limit of the grammar engine, nothing allowed): the client's
+    # to fix, a 400 where the endpoint has a status to give (chat completions).
+    code = "invalid_grammar" if is_grammar_failure(error) else "server_error"
+    return "failed", error, encoder.fail(f"The engine failed this request: {error}", code, usage)
 
 
 async def drive(

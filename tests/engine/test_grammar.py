@@ -12,7 +12,7 @@ import torch
 
 from ignis.config import EngineConfig
 from ignis.engine import EngineFinish, LLMEngine, SamplingParams
-from ignis.engine.grammar import Grammar, GrammarError, GrammarState, ll_tokenizer
+from ignis.engine.grammar import Grammar, GrammarError, GrammarState, is_grammar_failure, ll_tokenizer
 from ignis.model import LoadedModel
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -138,6 +138,13 @@ def test_rejected_token_fails_the_request(tiny: LoadedModel, monkeypatch: pytest
     monkeypatch.setattr(engine.runner, "execute", wrong)
     out = engine.generate([_prompt(tiny)], SamplingParams.greedy(10, grammar=Grammar.regex("[0-9]+")))[0]
     assert out.finish_reason is EngineFinish.ERROR and "does not match the output grammar" in (out.error or "")
+    assert is_grammar_failure(out.error)  # the server answers it as the request's fault
+
+
+def test_only_grammar_errors_count_as_the_requests_grammar() -> None:
+    assert is_grammar_failure("the output grammar allows no token here: parser error: Too many items")
+    assert not is_grammar_failure("output processing failed: RuntimeError('x')")
+    assert not is_grammar_failure(None)
 
 
 def test_refused_at_submit(tiny: LoadedModel) -> None:

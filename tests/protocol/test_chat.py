@@ -809,6 +809,20 @@ def test_failure():
     assert (e.value.code, e.value.type) == ("server_error", "server_error")
 
 
+def test_a_failure_of_the_requests_own_grammar_is_a_400():
+    """The grammar engine gave up on the request's schema mid-answer (the fuzzer's case: an
+    llguidance item limit): the client's to fix, not a 500."""
+    for emit in (True, False):
+        enc = ChatStream(model="m", emit=emit)
+        out = enc.fail("The engine failed this request: the output grammar allows no token here", "invalid_grammar")
+        assert out == ([{"error": {"message": "The engine failed this request: the output grammar allows no token here",
+                                   "type": "invalid_request_error", "param": None, "code": "invalid_grammar"}}]
+                       if emit else [])
+        with pytest.raises(Refusal) as e:
+            enc.completion()
+        assert (e.value.status, e.value.type, e.value.code) == (400, "invalid_request_error", "invalid_grammar")
+
+
 def test_misuse_is_a_programming_error():
     with pytest.raises(StreamStateError):
         ChatStream(model="m").feed(ToolCallArguments("{}"))
