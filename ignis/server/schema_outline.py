@@ -216,17 +216,13 @@ def _object_needs(value: dict[str, Any], here: str, node: Any) -> list[int | Non
         if not isinstance(name, str):
             continue
         if name in props:
-            child = node(f"{here}/properties/{_escape(name)}")
-            if child is not None:
-                out.append(child)
+            _add(out, node(f"{here}/properties/{_escape(name)}"))
         elif value.get("patternProperties"):
             continue  # a pattern may take it: the engine judges
         elif extra is False:
             out.append(None)
         elif isinstance(extra, dict):
-            child = node(f"{here}/additionalProperties")
-            if child is not None:
-                out.append(child)
+            _add(out, node(f"{here}/additionalProperties"))
     return out
 
 
@@ -238,18 +234,20 @@ def _array_needs(value: dict[str, Any], here: str, node: Any) -> list[int | None
     prefix = value.get("prefixItems") if isinstance(value.get("prefixItems"), list) else []
     out: list[int | None] = []
     for i in range(min(least, len(prefix))):
-        child = node(f"{here}/prefixItems/{i}")
-        if child is not None:
-            out.append(child)
+        _add(out, node(f"{here}/prefixItems/{i}"))
     if least > len(prefix):
         items = value.get("items")
         if items is False:
             out.append(None)
         elif isinstance(items, dict):
-            child = node(f"{here}/items")
-            if child is not None:
-                out.append(child)
+            _add(out, node(f"{here}/items"))
     return out
+
+
+def _add(needs: list[int | None], child: int | None) -> None:
+    """A needed subschema, where `node` found one (None from it: nothing to follow)."""
+    if child is not None:
+        needs.append(child)
 
 
 def _escape(name: str) -> str:

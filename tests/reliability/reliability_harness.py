@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from typing import Any
@@ -112,3 +113,17 @@ def wait_healthy(proc: Any, port: int, timeout: float = 120.0) -> None:
             pass
         assert time.monotonic() < end, "the server did not come up"
         time.sleep(0.3)
+
+
+def raw_head(sock: socket.socket, lines: list[str]) -> bytes:
+    """Send `lines` as one request head on `sock` and read until the answer's head has
+    arrived (or the peer closed): the bytes read, head and any body begun."""
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+

@@ -23,7 +23,7 @@ import pytest
 from websockets.sync.client import connect
 
 from experiments.grammar_fuzz import LOG_LINE_LIMIT, Served, run
-from tests.reliability.reliability_harness import check_envelope
+from tests.reliability.reliability_harness import check_envelope, raw_head
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -193,13 +193,7 @@ def test_a_class_that_truly_matches_nothing_is_still_a_400(served: Served) -> No
 
 def _raw(served: Served, lines: list[str]) -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", served.port), timeout=30) as s:
-        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = raw_head(s, lines)
     return int(data.split(b" ", 2)[1]), data
 
 

@@ -18,7 +18,7 @@ import socket
 
 import pytest
 
-from tests.reliability.reliability_harness import check_envelope, recv_json, wait_idle, ws_connect
+from tests.reliability.reliability_harness import check_envelope, raw_head, recv_json, wait_idle, ws_connect
 from tests.server.server_harness import KEY, http
 
 HI = {"model": "tiny", "input": "hi", "max_output_tokens": 1, "temperature": 0}
@@ -36,13 +36,7 @@ def _upgrade(srv, headers: dict[str, str], path: str = "/v1/responses") -> tuple
              "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     with socket.create_connection((srv.host, srv.port), timeout=30) as s:
-        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = raw_head(s, lines)
         head, _, body = data.partition(b"\r\n\r\n")
         status_line, *rest = head.decode("latin-1").split("\r\n")
         hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in rest)}
