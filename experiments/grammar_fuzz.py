@@ -21,6 +21,7 @@ holds a traceback or a line longer than `LOG_LINE_LIMIT`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -399,11 +400,38 @@ def _lark_accepts(grammar: str, text: str) -> bool | None:
         parser = lark.Lark(grammar, parser="earley", lexer="dynamic_complete", start="start")
     except Exception:  # noqa: BLE001 - a dialect difference: nothing to judge with
         return None
+    # Lark's complete lexer tries every end of the regex's first (leftmost-first) match,
+    # never an end past it: /a|ab/ never takes "ab" (fuzz #11715). Read each terminal as
+    # a language instead: the longest prefix the regex matches whole, then lark's own
+    # loop over shorter texts finds every other end.
+    regexps = parser.parser.parser.term_matcher.__self__.regexps
+    parser.parser.parser.term_matcher = functools.partial(_longest_whole_match, regexps)
     try:
         parser.parse(text)
     except lark.exceptions.LarkError:
         return False
     return True
+
+
+class _Whole:
+    """The slice of a match object lark's scanner reads."""
+
+    def __init__(self, text: str, start: int, end: int) -> None:
+        self._text, self._end = text[start:end], end
+
+    def group(self, _: int = 0) -> str:
+        return self._text
+
+    def end(self) -> int:
+        return self._end
+
+
+def _longest_whole_match(regexps: dict[str, re.Pattern], term: Any, text: str, index: int = 0) -> _Whole | None:
+    pattern = regexps[term.name]
+    for end in range(len(text), index, -1):
+        if pattern.fullmatch(text, index, end):
+            return _Whole(text, index, end)
+    return None
 
 
 def _outputs(case: Case, body: dict[str, Any]) -> tuple[str, str, list[dict[str, Any]]]:

@@ -154,8 +154,8 @@ class ModelRunner:
         # Decode steps of int4/int8 CPU models: every layer in one native call; decode rows
         # of the steps left eager (other forms, wider batches): the native attention.
         native = native_decode and self.use_cpu_attention and cpu_native.load()
-        # (Families whose layer the op does not compute stay eager: Transformer.native_decode_ok.)
-        self.native = NativeDecoder.build(model) if native and getattr(model, "native_decode_ok", True) else None
+        # (Layers the op does not compute stay eager: ignis/model/native_decode.py unsupported.)
+        self.native = NativeDecoder.build(model) if native else None
         self.cpu_attention = NativeCpuAttention if native else CpuAttention
         if self.native is not None:
             log.info("decode steps run natively (kernels/cpu/decode.cpp)")

@@ -4,11 +4,15 @@
     hidden = native(input_ids, positions, kv_caches, slots, block_tables, seq_lens)
 
 A step whose rows each add one token to their own sequence (decode), in a model whose
-projections are torch's int4 or int8 weight-only GEMMs (the `quantized` form; `mixed`,
-whose steps of more than NARROW_ROWS rows go through its oneDNN bf16 GEMMs instead), runs
-every layer in C++: same weights, same GEMMs, same fp32 arithmetic as the eager forward
+projections are int4, int4-pair or int8 GEMMs (the `quantized` form; `mixed`, whose steps
+of more than NARROW_ROWS rows go through its oneDNN bf16 GEMMs instead), runs every layer
+in C++: same weights, same GEMMs, same fp32 arithmetic as the eager forward
 (ignis/model/transformer.py) to float rounding, without its ~40 ATen calls and Python
-frames per layer. Prefill chunks and other forms stay eager.
+frames per layer. The op computes the dense layers of ignis/model/decoder.py with pre or
+sandwich norms, SwiGLU or GeGLU, per-head q/k norms, windows with their own RoPE table and
+a residual multiplier (Llama, Mistral, Qwen 2/3, Gemma 3, Phi-3, Granite); `unsupported`
+says why another model stays eager (mixtures of experts, soft-capped scores, post norms,
+q/k norms over the whole projection). Prefill chunks and other forms stay eager.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import KVCaches
-from ignis.model.layers import Linear, RMSNorm
+from ignis.model.layers import MLP, Linear, RMSNorm
 from ignis.model.lm_head import NARROW_ROWS
 from ignis.model.transformer import Transformer
 from kernels import cpu_native
@@ -32,12 +37,34 @@ log = logging.getLogger(__name__)
 
 # The wide GEMMs decode.cpp calls, by PackedLinear.form (its `wide_kind` argument).
 _WIDE_KINDS = {"bf16": 0, "fp16": 1, "fp32": 2}
+# decode.cpp's NarrowKind, Act and Layout.
+_INT8, _INT4, _INT4_PAIR = 0, 1, 2
+_ACTS = {"silu": 0, "gelu_tanh": 1}
+_LAYOUTS = {"pre": 0, "sandwich": 1}
+_PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def unsupported(c: ModelConfig) -> str | None:
+    """Why the native op does not compute this model's layers (None: it does)."""
+    if c.is_moe:
+        return "a mixture of experts"
+    if c.norm_layout not in _LAYOUTS:
+        return f"{c.norm_layout} norms"
+    if c.hidden_act not in _ACTS:
+        return f"the {c.hidden_act} activation"
+    if c.attn_logit_softcap:
+        return "soft-capped attention scores"
+    if c.qk_norm and c.qk_norm_scope != "head":
+        return "q/k norms over the whole projection"
+    if c.residual_scale != 1.0 and c.norm_layout != "pre":
+        return "a residual multiplier beside sandwich norms"
+    return None
 
 
 def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
     """(the int4/int8 GEMM, the mixed form's wide GEMM for wider steps or None); (None, None)
     when the op is neither, or its wide GEMM is one the native op does not call."""
-    from ignis.model.packed import Int4Linear, Int8Linear, MixedLinear
+    from ignis.model.packed import Int4Linear, Int4PairLinear, Int8Linear, MixedLinear
 
     if isinstance(op, MixedLinear):
         if op.wide.form not in _WIDE_KINDS or getattr(op.wide, "packed", None) is None:
@@ -45,7 +72,7 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
         return _split(op.narrow)[0], op.wide
     if isinstance(op, Int4Linear) and not op.native:
         return None, None
-    if isinstance(op, Int4Linear | Int8Linear):
+    if isinstance(op, Int4Linear | Int8Linear | Int4PairLinear):
         return op, None
     return None, None
 
@@ -53,7 +80,7 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
 class NativeDecoder:
     def __init__(self, model: Transformer, gemms: list[PackedLinear], wide: list[PackedLinear]) -> None:
         from ignis.model.gguf_quant import GROUP
-        from ignis.model.packed import Int4Linear, Int8Linear
+        from ignis.model.packed import Int4Linear, Int4PairLinear, Int8Linear
 
         c = model.config
         self.model = model
@@ -61,45 +88,58 @@ class NativeDecoder:
         # oneDNN fp32 packed weights, one kind for the whole model.
         self.wide = [w.packed for w in wide]
         self.wide_kind = _WIDE_KINDS[wide[0].form] if wide else 0
-        # Per projection: int4 (1) or int8 (0); Q4_K_M files, say, keep some at Q6_K (int8).
-        self.int4 = [int(isinstance(g, Int4Linear)) for g in gemms]
+        # Per projection: int4, an int4 pair (5- to 8-bit blocks) or int8; a file mixes them
+        # (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0).
+        self.kinds: list[int] = []
         self.weights: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
         for g in gemms:
-            if isinstance(g, Int4Linear):
+            if isinstance(g, Int4PairLinear):
+                self.kinds.append(_INT4_PAIR)
+                self.weights += [g.lo.nibbles, g.lo.scales_offsets, g.hi.nibbles, g.hi.scales_offsets]
+            elif isinstance(g, Int4Linear):
                 assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
+                self.kinds.append(_INT4)
                 self.weights += [g.nibbles, g.scales_offsets]
             else:
                 assert isinstance(g, Int8Linear)
+                self.kinds.append(_INT8)
                 self.weights += [g.weight, g.scale]
         for layer in model.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            for lin in _linears(layer):
                 bias = lin.linear_op.bias  # the packed op adds the bias (lin.bias is None)
                 self.biases.append(None if bias is None else bias.float().contiguous())
-        self.norms = [n.weight for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        self.norms = [n.weight for layer in model.layers for n in _norms(layer)]
         self.norms.append(model.norm.weight)
         self.qk_norms: list[torch.Tensor | None] = []
         if c.qk_norm:
             self.qk_norms = [n.weight for layer in model.layers for n in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
         self._caches: tuple[KVCaches, list[torch.Tensor], list[torch.Tensor]] | None = None
         self.windows = [layer.self_attn.sliding_window or 0 for layer in model.layers]
+        self.rope_local = [int(layer.rope == "local") for layer in model.layers]
         self.args = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps),
-                     float(model.layers[0].self_attn.scale), self.int4, GROUP, NARROW_ROWS, self.wide_kind)
+                     float(model.layers[0].self_attn.scale), self.kinds, GROUP, NARROW_ROWS, self.wide_kind,
+                     _LAYOUTS[c.norm_layout], _ACTS[c.hidden_act], float(c.residual_scale))
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> NativeDecoder | None:
         """The native decoder of `model`, or None where it does not apply: not a packed CPU
-        Transformer whose projections each have one int4 or int8 GEMM (beside a
-        bf16 one in every projection, or in none), unusual norms, or no native op on this
-        machine (kernels.cpu_native.load)."""
+        Transformer whose projections each have one int4, int4-pair or int8 GEMM (beside a
+        bf16 one in every projection, or in none), layers the op does not compute
+        (`unsupported`), unusual norms, or no native op on this machine
+        (kernels.cpu_native.load)."""
         if not isinstance(model, Transformer) or model.device.type != "cpu":
             return None
         if model.weight_form not in ("quantized", "mixed") or model.embed_op is None:
             return None
+        if unsupported(model.config) is not None or len({layer.self_attn.scale for layer in model.layers}) != 1:
+            return None
         gemms: list[PackedLinear] = []
         wide: list[PackedLinear] = []
         for layer in model.layers:
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            if type(layer.mlp) is not MLP:
+                return None
+            for lin in _linears(layer):
                 if type(lin) is not Linear:  # e.g. a tensor-parallel wrapper that all-reduces
                     return None
                 g, w = _split(lin.linear_op)
@@ -107,8 +147,8 @@ class NativeDecoder:
                     return None
                 gemms.append(g)
                 wide += [w] if w is not None else []
-            norms = [layer.input_layernorm, layer.post_attention_layernorm]
-            if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in norms):
+            qk = [layer.self_attn.q_norm, layer.self_attn.k_norm] if model.config.qk_norm else []
+            if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in _norms(layer) + qk):
                 return None
         if len(wide) not in (0, len(gemms)) or len({w.form for w in wide}) > 1:
             return None
@@ -125,13 +165,32 @@ class NativeDecoder:
         input_ids[t] at positions[t] of the sequence whose blocks are block_tables[t] and
         whose length with it is seq_lens[t]; its K/V go to slot slots[t]."""
         m = self.model
-        x = m.embed_op(input_ids).float().contiguous()
-        cos, sin = m.rotary(positions)
+        x = m.embed(input_ids).float().contiguous()
+        T = len(positions)
+        cos, sin = (t.reshape(T, -1).contiguous() for t in m.rotary(positions))
+        cos_local = sin_local = _EMPTY
+        if m.local_rotary is not None and any(self.rope_local):
+            cos_local, sin_local = (t.reshape(T, -1).contiguous() for t in m.local_rotary(positions))
         if self._caches is None or self._caches[0] is not kv_caches:
             self._caches = (kv_caches, [k for k, _ in kv_caches], [v for _, v in kv_caches])
-        T = len(positions)
         return torch.ops.ignis_cpu.decode_layers(
-            x, cos.reshape(T, -1).contiguous(), sin.reshape(T, -1).contiguous(),
-            slots, block_tables.contiguous(), seq_lens, self._caches[1], self._caches[2],
-            self.norms, self.weights, self.wide, self.biases, self.qk_norms, self.windows, *self.args,
+            x, cos, sin, cos_local, sin_local, slots, block_tables.contiguous(), seq_lens, self._caches[1],
+            self._caches[2], self.norms, self.weights, self.wide, self.biases, self.qk_norms, self.windows,
+            self.rope_local, *self.args,
         )
+
+
+_EMPTY = torch.empty(0)
+
+
+def _linears(layer: torch.nn.Module) -> list[Linear]:
+    """A layer's four projections, in decode.cpp's order."""
+    return [layer.get_submodule(name) for name in _PROJECTIONS]
+
+
+def _norms(layer: torch.nn.Module) -> list[RMSNorm]:
+    """A layer's norms, in decode.cpp's order for its layout."""
+    names = ["input_layernorm", "post_attention_layernorm"]
+    if layer.layout == "sandwich":
+        names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    return [getattr(layer, n) for n in names]

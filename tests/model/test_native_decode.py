@@ -33,13 +33,15 @@ from ignis.engine import LLMEngine, SamplingParams
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.lm_head import NARROW_ROWS
+from ignis.model.hf_loader import read_hf_config
 from ignis.model.loader import load_model
-from ignis.model.native_decode import NativeDecoder
+from ignis.model.native_decode import NativeDecoder, unsupported
 from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights
 from kernels import cpu_native, cpu_platform
 from kernels.attention_cpu_native import NativeCpuAttention
 from tests.model.paged_utils import block_tables_for, rel_err
-from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
+from tests.model.llamacpp_convert import convert, converter_dir
+from tests.model.tiny_models import build_tiny_gguf, build_tiny_model, build_tiny_spm
 
 TOL = 3e-2  # any row of any step
 # The median row; on the AVX2 tier 5e-4: its int4 GEMM rounds x to int16 per group of 32
@@ -117,9 +119,11 @@ def _decode_both(model, native: NativeDecoder, prompts: list[list[int]], steps: 
          {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_0, "output": Q.Q8_0}, "quantized"),
         ("llama", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
          {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_0, "output": Q.Q8_0}, "mixed"),
-        # int8 GEMMs (Q8_0 requantized per row) with q/k/v biases, one kv head, a tied head
+        # int4 pairs (Q8_0 exactly) with q/k/v biases, one kv head, a tied head
         ("qwen2", dict(num_heads=4, num_kv_heads=1, tie_word_embeddings=True, max_position_embeddings=1024),
          {"embd": Q.F16, "attn": Q.Q8_0, "ffn": Q.Q8_0}, "quantized"),
+        ("llama", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
+         {"embd": Q.Q8_0, "attn": Q.Q5_0, "ffn": Q.Q5_1}, "mixed"),
         # per-head q/k RMSNorm
         ("qwen3", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
          {"embd": Q.Q8_0, "attn": Q.Q4_0, "ffn": Q.Q4_1}, "quantized"),
@@ -128,9 +132,10 @@ def _decode_both(model, native: NativeDecoder, prompts: list[list[int]], steps: 
          {"embd": Q.Q8_0, "attn": Q.Q4_0, "ffn": Q.Q4_0}, "mixed"),
         ("qwen2", dict(num_heads=2, num_kv_heads=1, head_dim=128, max_position_embeddings=1024),
          {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_1}, "quantized"),
-        # int4 and int8 GEMMs in one model (as Q4_K_M files keep some tensors at Q6_K)
+        # int4 and int8 GEMMs in one model (as Q4_K_M files keep some tensors at Q6_K; the
+        # tiny rows are too short for its 256-wide blocks: F16, requantized per row)
         ("llama", dict(num_heads=4, num_kv_heads=2, max_position_embeddings=1024),
-         {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q8_0}, "quantized"),
+         {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.F16}, "quantized"),
     ],
 )
 @KV_DTYPES
@@ -139,8 +144,8 @@ def test_native_decode_matches_eager(tmp_path: Path, family: str, kwargs: dict, 
     model = load_model(_gguf(tmp_path, family, qtypes, **kwargs), progress=False, weight_form=form).model
     native = NativeDecoder.build(model)
     assert native is not None
-    kinds = [int(qtypes[part] != Q.Q8_0 and PLAN.int4) for part in ("attn", "attn", "ffn", "ffn")]  # qkv, o, gate_up, down
-    assert native.int4 == kinds * len(model.layers)
+    kinds = [_kind(qtypes[part]) for part in ("attn", "attn", "ffn", "ffn")]  # qkv, o, gate_up, down
+    assert native.kinds == kinds * len(model.layers)
     # Rows of different lengths: a short one, one that crosses the 256-key work units
     # (split over threads and merged), and a one-token prompt.
     prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(600)], [5]]
@@ -149,6 +154,74 @@ def test_native_decode_matches_eager(tmp_path: Path, family: str, kwargs: dict, 
     # More rows than NARROW_ROWS: mixed's kept wide GEMMs (bf16, fp16 or fp32), in both paths
     _decode_both(model, native, [[3 + i, 40 + 2 * i, 90 - i] for i in range(NARROW_ROWS + 2)], steps=3,
                  kv_dtype=kv_dtype)
+
+
+def _kind(qtype: Q) -> int:
+    """decode.cpp's NarrowKind for a projection stored as `qtype`: int8 (0), int4 (1), an int4 pair (2)."""
+    if not PLAN.int4:
+        return 0
+    return {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q4_K: 1, Q.Q5_0: 2, Q.Q5_1: 2, Q.Q5_K: 2, Q.Q8_0: 2}.get(qtype, 0)
+
+
+# Layers beyond Llama's, in GGUFs llama.cpp's own converter writes (f32 weights, packed
+# per row as int8; q8_0, held exactly as int4 pairs): Gemma 3 (sandwich norms, GeGLU,
+# per-head q/k norms, sqrt(hidden) embedding scale, 5 windowed layers on their own RoPE
+# table to each full one, head dim 256: the attention's widest tile), Granite (embedding
+# and residual multipliers, its attention scale), Phi-3 (q|k|v and gate|up stored fused).
+FAMILY_CASES = {
+    "gemma3": dict(num_layers=6, num_heads=2, num_kv_heads=1, head_dim=256, sliding_window=5,
+                   query_pre_attn_scalar=256, rope_theta=1e6, tie_word_embeddings=True,
+                   hidden_activation="gelu_pytorch_tanh"),
+    "granite": dict(num_heads=4, num_kv_heads=2, embedding_multiplier=6.0, residual_multiplier=0.4,
+                    attention_multiplier=0.05, logits_scaling=3.0),
+    "phi3": dict(num_heads=4, num_kv_heads=2),
+}
+
+
+@pytest.fixture(scope="module")
+def family_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    converter = converter_dir()
+    if converter is None:
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not here (make test extracts it; IGNIS_LLAMACPP_DIR)")
+    root = tmp_path_factory.mktemp("native-families")
+    dirs = {}
+    for family, kwargs in FAMILY_CASES.items():
+        dirs[family] = build_tiny_model(root / family, family, intermediate_size=128, max_position_embeddings=1024,
+                                        **kwargs)
+        if family in ("gemma3", "phi3"):
+            build_tiny_spm(dirs[family])  # the converter wants a tokenizer.model for these
+    out = {}
+    for outtype in ("f32", "q8_0"):
+        jobs = [(d, root / f"{family}-{outtype}.gguf") for family, d in dirs.items()]
+        convert(converter, jobs, outtype)
+        out.update({(family, outtype): dst for (_, dst), family in zip(jobs, dirs, strict=True)})
+    return out
+
+
+@pytest.mark.parametrize("outtype, form", [("f32", "quantized"), ("q8_0", "quantized"), ("q8_0", "mixed")])
+@pytest.mark.parametrize("family", list(FAMILY_CASES))
+def test_other_families_decode_natively(family_ggufs: dict, family: str, outtype: str, form: str) -> None:
+    model = load_model(str(family_ggufs[family, outtype]), progress=False, weight_form=form).model
+    native = NativeDecoder.build(model)
+    assert native is not None
+    assert set(native.kinds) == {_kind(Q.F32 if outtype == "f32" else Q.Q8_0)}
+    if family == "gemma3":
+        assert native.rope_local == [1, 1, 1, 1, 1, 0] and native.windows == [5] * 5 + [0]
+        assert len(native.norms) == 4 * 6 + 1
+    prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(300)], [5]]
+    _decode_both(model, native, prompts, steps=4)
+    _decode_both(model, native, [[3 + i, 40 + 2 * i, 90 - i] for i in range(NARROW_ROWS + 2)], steps=2)
+
+
+@pytest.mark.parametrize("family, kwargs, why", [
+    ("gemma2", dict(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, attn_logit_softcapping=4.0),
+     "soft-capped attention scores"),
+    ("olmo2", dict(num_heads=4, num_kv_heads=2), "post norms"),
+    ("qwen3_moe", dict(num_layers=2, num_heads=4, num_kv_heads=2, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32), "a mixture of experts"),
+])
+def test_layers_it_does_not_compute_stay_eager(tmp_path: Path, family: str, kwargs: dict, why: str) -> None:
+    assert unsupported(read_hf_config(build_tiny_model(tmp_path / family, family, **kwargs))) == why
 
 
 @KV_DTYPES

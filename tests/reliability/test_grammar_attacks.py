@@ -22,7 +22,7 @@ import httpx2 as httpx
 import pytest
 from websockets.sync.client import connect
 
-from experiments.grammar_fuzz import LOG_LINE_LIMIT, Served, run
+from experiments.grammar_fuzz import LOG_LINE_LIMIT, Served, _lark_accepts, run
 from tests.reliability.reliability_harness import check_envelope, raw_head
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -215,6 +215,15 @@ def test_two_host_lines_or_none_are_400s(served: Served) -> None:
 
 
 # The crash hunter, a short run (its long run: experiments/RESULTS.md).
+
+def test_the_fuzzers_lark_judge_reads_terminals_as_languages() -> None:
+    # /a|ab/ takes "ab" though a regex match stops at "a" (fuzz run seed 1, #11715).
+    assert _lark_accepts('start: /a|ab/ "c"', "abc") and _lark_accepts('start: /a|ab/ "c"', "ac")
+    assert not _lark_accepts('start: /a|ab/ "c"', "abbc")
+    assert _lark_accepts('start: /[a-z]+/ /[a-z]+/', "abc") and not _lark_accepts('start: /[a-z]+/ /[a-z]+/', "a")
+    assert _lark_accepts('start: "x"', "\u00e9") is False
+    assert _lark_accepts("start: ???", "x") is None  # not lark's dialect: nothing to judge with
+
 
 def test_the_grammar_fuzzer_finds_nothing(served: Served) -> None:
     report = run(120, seed="suite", server=served)

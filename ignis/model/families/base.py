@@ -78,9 +78,6 @@ class Family:
     packed_modules: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(STANDARD_PACKED))
     tp_plan: dict[str, str] | None = field(default_factory=lambda: dict(STANDARD_TP_PLAN))
     tp_refusal: str = ""
-    # Whether the native decode op (kernels/cpu/decode.cpp) computes this family's layer:
-    # the plain pre-norm block with a dense SwiGLU MLP and nothing else.
-    native_decode: bool = False
     # The chat template this family stands for, used when a checkpoint ships none
     # (ignis/model/chat_template.py FAMILY_TEMPLATES); None: ChatML.
     chat_template: str | None = None

@@ -39,5 +39,4 @@ FAMILY = Family(
     hf_config=hf_config,
     gguf_config=gguf_config,
     gguf_rope_permuted=True,
-    native_decode=True,
 )

@@ -25,4 +25,4 @@ def gguf_config(meta: GGUFMeta) -> ModelConfig:
     return ModelConfig(**gguf_common(meta, "qwen3"))
 
 
-FAMILY = Family(name="qwen3", hf_config=hf_config, gguf_config=gguf_config, native_decode=True)
+FAMILY = Family(name="qwen3", hf_config=hf_config, gguf_config=gguf_config)
