@@ -68,7 +68,9 @@ def run_ignis(loaded, prompts: list[list[int]], max_tokens: int, temperature: fl
 
     n = len(prompts)
     blocks = n * (-(-(max(map(len, prompts)) + max_tokens) // 16) + 1)
-    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max(n, 1), num_kv_blocks=blocks))
+    # Plain decoding: the raw step rate (llama-bench and transformers do not speculate either;
+    # experiments/bench_speculation.py measures speculation).
+    engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max(n, 1), num_kv_blocks=blocks, speculative="none"))
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
     engine.generate(prompts[:1], SamplingParams.greedy(4))  # warm-up (allocator, oneDNN kernels)
     for i, p in enumerate(prompts):

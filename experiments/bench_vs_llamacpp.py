@@ -4,6 +4,8 @@
     .venv/bin/python experiments/bench_vs_llamacpp.py --quick         # decode 1/64 + RSS only
     .venv/bin/python experiments/bench_vs_llamacpp.py --png experiments/vs_llamacpp.png
     .venv/bin/python experiments/bench_vs_llamacpp.py --cpu-caps avx2 --llamacpp-build build-avx2   # as an AVX2 CPU
+    .venv/bin/python experiments/bench_vs_llamacpp.py --gguf .cache/synthetic/llama-3.2-1b-q4_k_m.gguf
+                                                      # any GGUF (experiments/synthetic_gguf.py writes real shapes)
 
 llama.cpp is built from the `llama-cpp-python` 0.3.36 sdist's vendored tree (the same
 source DESIGN.md's numbers came from) into `.cache/llamacpp/` (git-ignored): `pip
@@ -28,8 +30,17 @@ Measured, alternating the two engines where it matters (a shared machine only sl
                        tokens (EOS ignored, greedy): llama-server -np 64 -c 32768 /completion
                        | ignis server max_num_seqs 64 (--served-weight-form, default quantized
                        as `make serve`), /v1/responses; output tokens / wall
-ignis runs with model.weight_form auto (quantized at max_num_seqs <= 4, mixed above), its
-decode steps native (engine.cpu_native_decode) and its KV cache bf16 (engine.kv_cache_dtype auto).
+ignis runs with model.weight_form auto (quantized at max_num_seqs <= 4, mixed above; --weight-form
+sets it), its decode steps native (engine.cpu_native_decode) and its KV cache bf16
+(engine.kv_cache_dtype auto).
+
+The memory limit: the run first measures the machine's copy bandwidth (torch's copy of a
+1 GiB buffer with --threads threads, best of 5, bytes read + written per second as STREAM
+counts them) and its read bandwidth (a sum over the same buffer). Batch-1 decode is also
+given as a fraction of the copy bandwidth: the file's bytes of weights one token reads
+(experiments/synthetic_gguf.py's weight_bytes_per_token: every tensor once, the embedding
+table only when the head is tied to it) x tok/s / bandwidth. ignis's own forms may read more
+bytes than the file holds (Q6_K as int8); the numerator is the file's for both engines.
 """
 
 from __future__ import annotations
@@ -175,11 +186,30 @@ class LlamaServer:
 # -- ignis ---------------------------------------------------------------------------------
 
 
-def ignis_decode(n: int, max_tokens: int) -> float:
+def memory_bandwidth(threads: int, size: int = 1 << 30) -> tuple[float, float]:
+    """(copy, read) bandwidth in GB/s of a `size`-byte buffer: a copy counts the bytes read
+    and written, as STREAM's copy does; a read is a sum over the buffer. Best of 5."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.ones(size // 4)
+    b = torch.empty_like(a)
+    copy = read = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        b.copy_(a)
+        copy = min(copy, time.perf_counter() - t)
+        t = time.perf_counter()
+        a.sum()
+        read = min(read, time.perf_counter() - t)
+    return 2 * size / copy / 1e9, size / read / 1e9
+
+
+def ignis_decode(n: int, max_tokens: int, gguf: Path | None = None, weight_form: str = "auto") -> float:
     from experiments.bench_engine import prompts_for, run_ignis
     from ignis.model import load_model
 
-    loaded = load_model(progress=False, weight_form="auto", max_num_seqs=n)
+    loaded = load_model(str(gguf) if gguf else None, progress=False, weight_form=weight_form, max_num_seqs=n)
     runs = [run_ignis(loaded, prompts_for(loaded, n), max_tokens) for _ in range(2)]
     return max(r.decode_tps for r in runs)
 
@@ -196,7 +226,7 @@ def ignis_decode_at_depth(loaded, depth: int, max_tokens: int = 64) -> float:
 
 def ignis_prefill(srv, prompt: str, salt: int) -> tuple[int, float]:
     # A fresh first line each time, so no prefix-cache block is reused.
-    body = {"model": "smollm2-135m", "input": f"[{salt}] {prompt}", "max_output_tokens": 1, "store": False}
+    body = {"model": "fake-model", "input": f"[{salt}] {prompt}", "max_output_tokens": 1, "store": False}
     start = time.perf_counter()
     r = post(srv.base_url + "/v1/responses", body)
     wall = time.perf_counter() - start
@@ -205,7 +235,7 @@ def ignis_prefill(srv, prompt: str, salt: int) -> tuple[int, float]:
 
 
 def ignis_generate(srv, prompt: str, max_tokens: int) -> int:
-    body = {"model": "smollm2-135m", "input": prompt, "max_output_tokens": max_tokens, "ignore_eos": True,
+    body = {"model": "fake-model", "input": prompt, "max_output_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0, "store": False}
     return int(post(srv.base_url + "/v1/responses", body)["usage"]["output_tokens"])
 
@@ -230,6 +260,10 @@ def long_prompt(tokens: int) -> str:
 # -- table and plot --------------------------------------------------------------------------
 
 
+def _num(v: float) -> str:
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
 def table(rows: list[tuple[str, float | None, float | None, bool]]) -> str:
     lines = ["| measure | llama.cpp | ignis | ignis / llama.cpp |", "|---|---:|---:|---:|"]
     for name, theirs, mine, lower_better in rows:
@@ -238,7 +272,7 @@ def table(rows: list[tuple[str, float | None, float | None, bool]]) -> str:
             continue
         ratio = mine / theirs
         note = " (lower is better)" if lower_better else ""
-        lines.append(f"| {name}{note} | {theirs:.1f} | {mine:.1f} | {ratio:.2f}x |")
+        lines.append(f"| {name}{note} | {_num(theirs)} | {_num(mine)} | {ratio:.2f}x |")
     return "\n".join(lines)
 
 
@@ -288,6 +322,8 @@ def main() -> None:
                     help="the ignis server's model.weight_form for the served-throughput rows (quantized: what "
                          "`make serve` holds, the embedded group's setting; auto: bfloat16 at 64 slots)")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--gguf", type=Path, default=None, help="the GGUF both engines run (default: the embedded SmolLM2)")
+    ap.add_argument("--weight-form", default="auto", help="ignis's model.weight_form for the decode rows")
     ap.add_argument("--llamacpp-build", choices=sorted(BUILDS), default="build",
                     help="llama.cpp's build tree: the host's instructions, or build-avx2 (nothing above AVX2)")
     ap.add_argument("--cpu-caps", choices=["avx512", "avx2", "portable"], default=None,
@@ -312,21 +348,31 @@ def main() -> None:
     from ignis.model import load_model
     from ignis.model.embedded import smollm2_gguf_path
 
-    gguf = smollm2_gguf_path()
+    gguf = args.gguf.resolve() if args.gguf else smollm2_gguf_path()
+    from experiments.synthetic_gguf import weight_bytes_per_token
+
+    per_token = weight_bytes_per_token(gguf)
+    copy_bw, read_bw = memory_bandwidth(args.threads)
+    log(f"{gguf.name}: {gguf.stat().st_size / 1e9:.2f} GB, {per_token / 1e9:.3f} GB of weights per token; "
+        f"memory: copy {copy_bw:.1f} GB/s, read {read_bw:.1f} GB/s ({args.threads} threads)")
     conc = [1, 64] if args.quick else args.concurrency
     prefill_lens = [] if args.quick else args.prefill
     rows: list[tuple[str, float | None, float | None, bool]] = []
     decode: dict[int, tuple[float, float]] = {}
     for n in conc:  # llama.cpp, then ignis, per concurrency
         theirs = llama_bench_tg(gguf, args.threads) if n == 1 else llama_batched(gguf, args.threads, n, args.max_tokens)
-        mine = ignis_decode(n, 128 if n == 1 else args.max_tokens)
+        mine = ignis_decode(n, 128 if n == 1 else args.max_tokens, args.gguf, args.weight_form)
         decode[n] = (theirs, mine)
         log(f"decode {n}: llama.cpp {theirs:.1f}, ignis {mine:.1f} tok/s")
         rows.append((f"decode, {n} concurrent (tok/s)", theirs, mine, False))
+        if n == 1:
+            rows.append(("decode, batch 1: % of copy bandwidth", 100 * theirs * per_token / 1e9 / copy_bw,
+                         100 * mine * per_token / 1e9 / copy_bw, False))
 
     depth: dict[int, tuple[float, float]] = {}
     depths = [] if args.quick else args.depths
-    one_seq = load_model(progress=False, weight_form="auto", max_num_seqs=1) if depths else None
+    one_seq = (load_model(str(args.gguf) if args.gguf else None, progress=False, weight_form=args.weight_form,
+                          max_num_seqs=1) if depths else None)
     for d in depths:
         theirs, mine = llama_bench_depth(gguf, args.threads, d), ignis_decode_at_depth(one_seq, d)
         depth[d] = (theirs, mine)
@@ -336,7 +382,7 @@ def main() -> None:
     prefill: dict[int, tuple[float, float]] = {}
     llama = LlamaServer(gguf, args.threads)
     try:
-        with ServerProcess(max_num_seqs=1, threads=args.threads) as srv:
+        with ServerProcess(max_num_seqs=1, threads=args.threads, gguf=args.gguf) as srv:
             warm = long_prompt(200)
             llama.prefill(warm)
             ignis_prefill(srv, warm, 0)
@@ -349,6 +395,9 @@ def main() -> None:
                     f"ignis {mine:.1f} tok/s ({n_mine} tokens)")
                 rows.append((f"served prefill, {n_mine} tokens (tok/s)", theirs, mine, False))
             rows.append(("server RSS idle, one 8k sequence (MB)", rss_mb(llama.proc.pid), rss_mb(srv.proc.pid), True))
+            file_mb = gguf.stat().st_size / 2**20
+            rows.append(("server RSS idle / file size", rss_mb(llama.proc.pid) / file_mb, rss_mb(srv.proc.pid) / file_mb,
+                         True))
     finally:
         llama.stop()
 
@@ -357,7 +406,8 @@ def main() -> None:
         most = max(args.concurrency)
         llama = LlamaServer(gguf, args.threads, ctx=most * 512, parallel=most)
         try:
-            with ServerProcess(max_num_seqs=most, threads=args.threads, weight_form=args.served_weight_form) as srv:
+            with ServerProcess(max_num_seqs=most, threads=args.threads, weight_form=args.served_weight_form,
+                               gguf=args.gguf) as srv:
                 served_tps(llama.generate, 1, 4)
                 served_tps(lambda p, m: ignis_generate(srv, p, m), 1, 4)
                 for n in args.concurrency:
@@ -373,6 +423,8 @@ def main() -> None:
     torch_mb = int(re.search(r"VmRSS:\s+(\d+)", torch_only).group(1)) / 1024
     print(table(rows))
     print(f"\n(`import torch` alone: {torch_mb:.0f} MB RSS; {args.threads} threads; one run)")
+    print(f"file: {gguf.name}, {gguf.stat().st_size / 1e9:.2f} GB, {per_token / 1e9:.3f} GB of weights per token; "
+          f"memory: copy {copy_bw:.1f} GB/s, read {read_bw:.1f} GB/s")
     print(f"ignis: {cpu_platform.current().describe()}")
     print(f"llama.cpp: {args.llamacpp_build} ({' '.join(BUILDS[args.llamacpp_build])})")
     try:

@@ -1,7 +1,7 @@
 """Shared by the serving experiments: a real ignis server in a child process, and
 Codex-shaped request bodies.
 
-    python experiments/serving.py serve --model smollm2|scripted [--script FILE]
+    python experiments/serving.py serve --model smollm2|scripted [--script FILE] [--gguf FILE]
         [--max-num-seqs N] [--no-token-cache]          # prints "PORT <n>", serves until stdin closes
 
 The server is `ignis.server.background.BackgroundServer` on 127.0.0.1 with an ephemeral
@@ -33,9 +33,11 @@ CODEX = ROOT / "tests" / "protocol" / "data" / "codex_requests.jsonl"
 class ServerProcess:
     def __init__(self, *, model: str = "smollm2", script: str | None = None, max_num_seqs: int = 64,
                  num_kv_blocks: int | None = None, token_cache: bool = True, threads: int | None = None,
-                 weight_form: str = "auto") -> None:
+                 weight_form: str = "auto", gguf: str | Path | None = None) -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--model", model,
                "--max-num-seqs", str(max_num_seqs), "--weight-form", weight_form]
+        if gguf:
+            cmd += ["--gguf", str(gguf)]
         if script:
             cmd += ["--script", script]
         if num_kv_blocks:
@@ -91,7 +93,7 @@ def _serve(args: argparse.Namespace) -> None:
     if args.model == "scripted":
         loaded = load_model(kind="scripted", script=args.script, device="cpu", name="scripted")
     else:
-        loaded = load_model(progress=False, weight_form=args.weight_form, max_num_seqs=args.max_num_seqs)
+        loaded = load_model(args.gguf, progress=False, weight_form=args.weight_form, max_num_seqs=args.max_num_seqs)
     engine = EngineConfig(max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks, cpu_threads=args.threads)
     cfg = IgnisConfig(engine=engine, server=ServerConfig(host="127.0.0.1", port=0, api_key=None, access_log=False,
                                                          model_aliases=["fake-model"]))
@@ -185,6 +187,7 @@ if __name__ == "__main__":
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--no-token-cache", action="store_true")
     s.add_argument("--weight-form", default="auto", help="model.weight_form (ignis/model/packed.py)")
+    s.add_argument("--gguf", default=None, help="a GGUF file instead of the embedded SmolLM2 (--model smollm2)")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     _serve(a)

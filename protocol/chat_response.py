@@ -107,7 +107,11 @@ def chat_usage(usage: Usage | None) -> dict[str, Any]:
         "completion_tokens": u.output_tokens,
         "total_tokens": u.input_tokens + u.output_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": u.reasoning_tokens,
+            "accepted_prediction_tokens": u.accepted_prediction_tokens,
+            "rejected_prediction_tokens": u.rejected_prediction_tokens,
+        },
     }
 
 

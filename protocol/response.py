@@ -53,7 +53,10 @@ class Usage:
     extension) counts tokens generated and then dropped, e.g. the tail matched by
     a stop sequence; they are not in `output_tokens`. `cached_tokens`: prompt
     tokens served from the prefix cache; `cache_write_tokens`: prompt tokens
-    newly written to it (the SDK requires the field).
+    newly written to it (the SDK requires the field). `accepted_prediction_tokens` /
+    `rejected_prediction_tokens`: speculative draft tokens kept and dropped (chat
+    completions' names for them; in a response's `output_tokens_details` an ignis
+    extension).
     """
 
     input_tokens: int = 0
@@ -62,6 +65,8 @@ class Usage:
     reasoning_tokens: int = 0
     rewound_tokens: int = 0
     cache_write_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -78,6 +83,8 @@ class Usage:
             "output_tokens_details": {
                 "reasoning_tokens": self.reasoning_tokens,
                 "rewound_tokens": self.rewound_tokens,
+                "accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens,
             },
             "total_tokens": self.total_tokens,
         }

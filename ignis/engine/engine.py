@@ -36,6 +36,7 @@ from ignis.engine.sampler import TopLogprobs
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.scheduler import ScheduledBatch, Scheduler
 from ignis.engine.sequence import Sequence
+from ignis.engine.speculation import NgramDrafter
 from ignis.engine.stop import TextStream
 from ignis.engine.thinking import BudgetState
 from ignis.engine.tp_group import RunnerSpec
@@ -67,6 +68,9 @@ class EngineStats:
     num_preemptions: int = 0
     num_steps: int = 0
     num_generated_tokens: int = 0
+    # Speculative decoding, cumulative: draft tokens checked, and those kept.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
     # Filled in by the AsyncEngine: requests submitted and not finished, and callers
     # queued in submit_when_room.
     num_in_flight: int = 0
@@ -190,6 +194,8 @@ class LLMEngine:
         self.stalled = False
         self.num_steps = 0
         self.num_generated_tokens = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_draft_tokens = 0
         log.info(
             "engine: %d KV blocks of %d tokens (%.2f GiB, %s), max_model_len %d, max_num_seqs %d, "
             "max_num_batched_tokens %d, prefix caching %s",
@@ -213,11 +219,19 @@ class LLMEngine:
             self.num_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
         )
         budget_ms = getattr(cfg, "step_time_budget_ms", None)
+        self.drafter = None
+        if getattr(cfg.speculative, "value", cfg.speculative) == "ngram":
+            self.drafter = NgramDrafter(cfg.num_speculative_tokens, max_n=cfg.speculative_ngram_max,
+                                        min_n=cfg.speculative_ngram_min, max_seqs=cfg.speculative_max_seqs)
+            log.info("speculative decoding: ngram, up to %d draft tokens (n-grams of %d..%d), while at most %d "
+                     "sequences decode", cfg.num_speculative_tokens, cfg.speculative_ngram_max,
+                     cfg.speculative_ngram_min, cfg.speculative_max_seqs)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             step_time_budget=budget_ms / 1000 if budget_ms else None,
+            drafter=self.drafter,
         )
         spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,
@@ -372,9 +386,10 @@ class LLMEngine:
         tops: list[TopLogprobs | None] = [None] * n
         errors: dict[int, str] = {}
         deferred: set[int] = set()
+        drafted: dict[int, list[tuple[int, float | None, TopLogprobs | None]]] = {}
         for i, (seq, num) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             try:
-                one = self.runner.execute(ScheduledBatch([seq], [num]))
+                one = self.runner.execute(ScheduledBatch([seq], [num], drafts=[batch.draft(i)]))
             except FatalRunnerError:
                 raise
             except Exception as alone:  # noqa: BLE001 - this request alone fails
@@ -388,7 +403,9 @@ class LLMEngine:
                 errors[i] = one.errors[0]
             if 0 in one.deferred:
                 deferred.add(i)
-        return StepResult(tokens, logprobs, errors, tops, deferred)
+            if 0 in one.drafted:
+                drafted[i] = one.drafted[0]
+        return StepResult(tokens, logprobs, errors, tops, deferred, drafted)
 
     def _postprocess(self, batch: ScheduledBatch, result: StepResult, outputs: list[RequestOutput]) -> None:
         tokens, logprobs, errors = result.tokens, result.logprobs, result.errors
@@ -401,7 +418,10 @@ class LLMEngine:
                 # the model again with the next step that runs it (the same K/V rewritten).
                 seq.num_computed_tokens += batch.num_new_tokens[i] - 1
                 continue
-            seq.num_computed_tokens += batch.num_new_tokens[i]
+            draft = batch.draft(i)
+            # A row with a draft computed its last token for sure; each draft token counts
+            # once it is kept (below).
+            seq.num_computed_tokens += 1 if draft else batch.num_new_tokens[i]
             if i in errors:
                 outputs.append(self._finish(seq, EngineFinish.ERROR, error=errors[i]))
                 continue
@@ -411,47 +431,72 @@ class LLMEngine:
                 if seq.prewarm and seq.num_computed_tokens == seq.num_tokens:
                     outputs.append(self._finish(seq, EngineFinish.PREWARM))
                 continue
-            self.num_generated_tokens += 1
-            seq.token_ids.append(token)
-            seq.new_token_ids.append(token)
-            if seq.budget is not None:
-                seq.budget.advance(token)
-                if seq.budget.done:
-                    seq.budget = None  # free from here on: no more work per step
-            grammar_error = seq.grammar.advance(token) if seq.grammar is not None else None
-            if seq.params.logprobs:
-                seq.new_logprobs.append(logprobs[i])
-            if seq.params.top_logprobs:
-                seq.new_top_logprobs.append((tops[i] if tops is not None else None) or [])
-            publish(seq)
-            if grammar_error is not None:
-                outputs.append(self._finish(seq, EngineFinish.ERROR, error=grammar_error))
-                continue
-            try:
-                reason, stop_reason = self._check_stop(seq, token)
-            except Exception as exc:
-                log.exception("request %s failed after sampling", seq.request_id)
-                outputs.append(self._finish(seq, EngineFinish.ERROR, error=f"output processing failed: {exc!r}"))
-                continue
-            error = None
-            if seq.grammar is not None:
-                if reason in (None, EngineFinish.LENGTH) and seq.grammar.finished:
-                    # The grammar allows nothing more: the output ends here, as complete (also
-                    # when this token reached max_tokens)...
-                    reason, stop_reason = EngineFinish.STOP, None
-                if reason is EngineFinish.STOP and not seq.grammar.accepting:
-                    # ... but only an output the grammar accepts is complete.
-                    reason, stop_reason = EngineFinish.ERROR, None
-                    error = ("the output ended before it matched the output grammar"
-                             + (f": {seq.grammar.error()}" if seq.grammar.error() else ""))
-                elif reason is None and seq.grammar.late:
-                    started.append(seq.grammar)  # its next mask, now: it runs only once that is ready
-            if reason is not None:
-                outputs.append(self._finish(seq, reason, stop_reason=stop_reason, error=error))
-            else:
-                outputs.append(self._delta(seq))
+            sampled = [(token, logprobs[i], tops[i] if tops is not None else None), *result.drafted.get(i, [])]
+            kept = 0
+            done: RequestOutput | None = None
+            for j, (tok, lp, top) in enumerate(sampled):
+                # Position j was sampled after the draft's first j tokens: valid while each
+                # of them was what sampling chose (kept); the first token that is not the
+                # draft's is still the sample there, and ends the row's step.
+                accepted = j < len(draft) and tok == draft[j]
+                done = self._append(seq, tok, lp, top, started, computed=accepted)
+                if done is not None or not accepted:
+                    break
+                kept += 1
+            if draft:
+                if self.drafter is not None:
+                    self.drafter.observe(seq, len(draft), kept)
+                seq.num_draft_tokens += len(draft)
+                seq.num_accepted_tokens += kept
+                self.num_draft_tokens += len(draft)
+                self.num_accepted_draft_tokens += kept
+            outputs.append(done if done is not None else self._delta(seq))
         if started and self.masks is not None:
             self.masks.start(started)
+
+    def _append(self, seq: Sequence, token: int, logprob: float | None, top: TopLogprobs | None,
+                started: list[GrammarState], *, computed: bool = False) -> RequestOutput | None:
+        """One sampled token onto `seq` (its K/V already in the cache if `computed`: a kept
+        draft token): the budget, grammar, logprobs, prefix cache and stop conditions.
+        Returns the final output when the request ends with it, else None."""
+        self.num_generated_tokens += 1
+        seq.token_ids.append(token)
+        seq.new_token_ids.append(token)
+        if computed:
+            seq.num_computed_tokens += 1
+        if seq.budget is not None:
+            seq.budget.advance(token)
+            if seq.budget.done:
+                seq.budget = None  # free from here on: no more work per step
+        grammar_error = seq.grammar.advance(token) if seq.grammar is not None else None
+        if seq.params.logprobs:
+            seq.new_logprobs.append(logprob)
+        if seq.params.top_logprobs:
+            seq.new_top_logprobs.append(top or [])
+        self.block_manager.publish(seq)
+        if grammar_error is not None:
+            return self._finish(seq, EngineFinish.ERROR, error=grammar_error)
+        try:
+            reason, stop_reason = self._check_stop(seq, token)
+        except Exception as exc:
+            log.exception("request %s failed after sampling", seq.request_id)
+            return self._finish(seq, EngineFinish.ERROR, error=f"output processing failed: {exc!r}")
+        error = None
+        if seq.grammar is not None:
+            if reason in (None, EngineFinish.LENGTH) and seq.grammar.finished:
+                # The grammar allows nothing more: the output ends here, as complete (also
+                # when this token reached max_tokens)...
+                reason, stop_reason = EngineFinish.STOP, None
+            if reason is EngineFinish.STOP and not seq.grammar.accepting:
+                # ... but only an output the grammar accepts is complete.
+                reason, stop_reason = EngineFinish.ERROR, None
+                error = ("the output ended before it matched the output grammar"
+                         + (f": {seq.grammar.error()}" if seq.grammar.error() else ""))
+            elif reason is None and seq.grammar.late:
+                started.append(seq.grammar)  # its next mask, now: it runs only once that is ready
+        if reason is not None:
+            return self._finish(seq, reason, stop_reason=stop_reason, error=error)
+        return None
 
     @staticmethod
     def _check_stop(seq: Sequence, token: int) -> tuple[EngineFinish | None, str | int | None]:
@@ -498,6 +543,8 @@ class LLMEngine:
             cached_tokens=seq.num_cached_tokens or 0,
             output_tokens=seq.num_output_tokens,
             rewound_tokens=seq.text.rewound if seq.text is not None else 0,
+            draft_tokens=seq.num_draft_tokens,
+            accepted_draft_tokens=seq.num_accepted_tokens,
         )
         return out
 
@@ -543,6 +590,8 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self.num_steps,
             num_generated_tokens=self.num_generated_tokens,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_draft_tokens=self.num_accepted_draft_tokens,
         )
 
     def generate(

@@ -74,22 +74,34 @@ class StepResult:
     top_logprobs: list[TopLogprobs | None] | None = None
     # Batch indices of rows that sampled nothing: their grammar mask was not ready.
     deferred: set[int] = field(default_factory=set)
+    # Batch index of a row with a draft -> (token, logprob, top logprobs) sampled at each
+    # draft position after the first (the first is in tokens/logprobs/top_logprobs).
+    drafted: dict[int, list[tuple[int, float | None, TopLogprobs | None]]] = field(default_factory=dict)
 
     def fill(self, sampled: Sampled, batch_index: list[int]) -> None:
-        """Put the sampler's answer for its rows at their batch indices."""
+        """Put the sampler's answer for its rows at their batch indices (a batch index seen
+        again is a draft position of the same row: into `drafted`)."""
         if sampled.top_logprobs is not None:
             self.top_logprobs = [None] * len(self.tokens)
+        seen: set[int] = set()
         for k, i in enumerate(batch_index):
+            again = i in seen
+            seen.add(i)
             if k in sampled.deferred and k not in sampled.errors:
                 self.deferred.add(i)
                 continue
             if k in sampled.errors:
                 self.errors[i] = sampled.errors[k]
                 continue
+            lp = sampled.logprobs[k] if sampled.logprobs is not None else None
+            top = sampled.top_logprobs[k] if sampled.top_logprobs is not None else None
+            if again:
+                self.drafted.setdefault(i, []).append((sampled.tokens[k], lp, top))
+                continue
             self.tokens[i] = sampled.tokens[k]
-            self.logprobs[i] = sampled.logprobs[k] if sampled.logprobs is not None else None
-            if self.top_logprobs is not None and sampled.top_logprobs is not None:
-                self.top_logprobs[i] = sampled.top_logprobs[k]
+            self.logprobs[i] = lp
+            if self.top_logprobs is not None:
+                self.top_logprobs[i] = top
 
 
 @dataclass
@@ -197,33 +209,55 @@ class ModelRunner:
         return self.device_batch(self.host_inputs(batch))
 
     def host_inputs(self, batch: ScheduledBatch) -> HostStep:
-        """The step's flat arrays on the host (what tensor parallelism broadcasts)."""
+        """The step's flat arrays on the host (what tensor parallelism broadcasts). A row with
+        a draft becomes 1 + k one-token rows of its sequence at consecutive positions, each
+        with its own length: every kernel's KV write precedes its attention, so each sees
+        the rows before it, as a prefill chunk's tokens do, and every one of them samples."""
         seqs, num_new = batch.seqs, batch.num_new_tokens
-        # Decode rows (one new token) first: the CPU attention batches them.
-        order = sorted(range(len(seqs)), key=lambda i: num_new[i] != 1)
-        S = len(order)
-        q_lens = np.fromiter((num_new[i] for i in order), dtype=np.int64, count=S)
-        starts = np.fromiter((seqs[i].num_computed_tokens for i in order), dtype=np.int64, count=S)
-        seq_lens = starts + q_lens
-        qsl = np.zeros(S + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=qsl[1:])
-        tables = np.full((S, max(len(seqs[i].block_table) for i in order)), -1, dtype=np.int32)
+        # Decode rows (one new token, or a draft's one-token rows) first: the CPU attention
+        # batches them.
+        by_kind = sorted(range(len(seqs)), key=lambda i: num_new[i] != 1 and not batch.draft(i))
+        order: list[int] = []  # row -> batch index
+        q_list: list[int] = []
+        start_list: list[int] = []
         ids: list[int] = []
-        for row, i in enumerate(order):
-            seq, start = seqs[i], seqs[i].num_computed_tokens
-            tables[row, : len(seq.block_table)] = seq.block_table
+        drafted: list[int] = []  # the rows of drafts
+        for i in by_kind:
+            seq, start, draft = seqs[i], seqs[i].num_computed_tokens, batch.draft(i)
+            if draft:
+                drafted.extend(range(len(order), len(order) + 1 + len(draft)))
+                ids.append(seq.token_ids[start])
+                ids.extend(draft)
+                order.extend([i] * (1 + len(draft)))
+                q_list.extend([1] * (1 + len(draft)))
+                start_list.extend(range(start, start + 1 + len(draft)))
+                continue
+            order.append(i)
+            q_list.append(num_new[i])
+            start_list.append(start)
             if num_new[i] == 1:
                 ids.append(seq.token_ids[start])
             else:
                 ids.extend(seq.token_ids[start : start + num_new[i]])
+        S = len(order)
+        q_lens = np.asarray(q_list, dtype=np.int64)
+        starts = np.asarray(start_list, dtype=np.int64)
+        seq_lens = starts + q_lens
+        qsl = np.zeros(S + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=qsl[1:])
+        tables = np.full((S, max(len(seqs[i].block_table) for i in order)), -1, dtype=np.int32)
+        for row, i in enumerate(order):
+            table = seqs[i].block_table
+            tables[row, : len(table)] = table
         # positions: start of each row's sequence plus the offset inside its chunk.
         row_of = np.repeat(np.arange(S), q_lens)
         positions = np.arange(int(qsl[-1]), dtype=np.int64) - qsl[:-1][row_of] + starts[row_of]
         bs = self.block_size
         slots = tables[row_of, positions // bs].astype(np.int64) * bs + positions % bs
+        draft_rows = set(drafted)
         sampling = [
             row for row, i in enumerate(order)
-            if not seqs[i].prewarm and seq_lens[row] == seqs[i].num_tokens
+            if row in draft_rows or (not seqs[i].prewarm and seq_lens[row] == seqs[i].num_tokens)
         ]
         sample_idx = None
         if sampling and len(sampling) != len(ids):  # only the rows that sample go through the head
@@ -270,13 +304,21 @@ class ModelRunner:
         result = StepResult([None] * S, [None] * S, {})
         batch_index = [inputs.order[row] for row in inputs.sampling]
         rows = [batch.seqs[i] for i in batch_index]
+        # A draft's k + 1 rows sample output positions n, n + 1, ... of their sequence.
+        offsets: list[int] | None = None
+        if len(set(batch_index)) != len(batch_index):
+            count: dict[int, int] = {}
+            offsets = []
+            for i in batch_index:
+                offsets.append(count.get(i, 0))
+                count[i] = offsets[-1] + 1
         self.sampler.prefetch_masks(rows)  # grammar bitmasks fill while the model runs
         started = time.perf_counter()
         logits = self.forward(inputs)
         if logits is None:
             return result
         wait = max(MASK_WAIT_MIN_S, time.perf_counter() - started)
-        result.fill(self.sampler.sample(logits, rows, mask_wait=wait), batch_index)
+        result.fill(self.sampler.sample(logits, rows, mask_wait=wait, offsets=offsets), batch_index)
         return result
 
     def forward(self, inputs: DeviceBatch) -> torch.Tensor | None:

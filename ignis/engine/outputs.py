@@ -30,6 +30,8 @@ class EngineUsage:
     cached_tokens: int  # prompt tokens served from the prefix cache
     output_tokens: int  # every sampled token, rewound ones included
     rewound_tokens: int = 0  # sampled tokens past a stop string's cut (their text is dropped)
+    draft_tokens: int = 0  # speculative draft tokens checked for it
+    accepted_draft_tokens: int = 0  # ... and kept
 
     @property
     def total_tokens(self) -> int:

@@ -109,29 +109,33 @@ class Sampler:
         if states:
             self.masks.start(states)
 
-    def sample(self, logits: torch.Tensor, rows: list[Sequence], mask_wait: float | None = None) -> Sampled:
+    def sample(self, logits: torch.Tensor, rows: list[Sequence], mask_wait: float | None = None,
+               offsets: list[int] | None = None) -> Sampled:
         """One token per row of `logits` [R, V] (fp32; grammar rows are masked in place).
         Every row at once; if that raises, row by row so one bad row fails alone. Grammar
         rows whose masks take longer than `mask_wait` seconds more (None: no limit) are
-        deferred."""
+        deferred. `offsets`: per row, how many output positions past the sequence's next
+        one it samples (a speculative draft's rows; None: all 0), for the seeds' stream."""
         failed, deferred = self._mask_grammar(logits, rows, mask_wait)  # in place, once (the retry reuses it)
+        offsets = offsets or [0] * len(rows)
         try:
-            out = self._sample_rows(logits, rows)
+            out = self._sample_rows(logits, rows, offsets)
         except Exception as exc:  # noqa: BLE001 - isolate the offending rows below
             log.warning("batched sampling failed (%s); retrying row by row", exc)
-            out = self._row_by_row(logits, rows, failed)
+            out = self._row_by_row(logits, rows, failed, offsets)
         else:
             out.errors = failed
         out.deferred = deferred
         return out
 
-    def _row_by_row(self, logits: torch.Tensor, rows: list[Sequence], failed: dict[int, str]) -> Sampled:
+    def _row_by_row(self, logits: torch.Tensor, rows: list[Sequence], failed: dict[int, str],
+                    offsets: list[int]) -> Sampled:
         out = Sampled([], None, None, dict(failed))
         lps: list[float] = []
         tops: list[TopLogprobs | None] = []
         for k, seq in enumerate(rows):
             try:
-                one = self._sample_rows(logits[k : k + 1], [seq])
+                one = self._sample_rows(logits[k : k + 1], [seq], offsets[k : k + 1])
                 out.tokens.append(one.tokens[0])
                 lps.append(one.logprobs[0] if one.logprobs is not None else float("nan"))
                 tops.append(one.top_logprobs[0] if one.top_logprobs is not None else None)
@@ -146,7 +150,7 @@ class Sampler:
             out.top_logprobs = tops
         return out
 
-    def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> Sampled:
+    def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence], offsets: list[int]) -> Sampled:
         logits = _ban_stops(logits, rows)
         # Forced rows sample from (and report logprobs of) the masked distribution.
         logits = _force_budget_ends(logits, rows)
@@ -155,14 +159,15 @@ class Sampler:
         if not want_logprobs and not penalties and all(s.params.is_greedy for s in rows):
             # Plain greedy: the sampler's greedy rule is the first index of the max.
             return Sampled(logits.argmax(dim=-1).tolist(), None, None)
-        params = self._tensors(logits, rows, penalties)
+        params = self._tensors(logits, rows, penalties, offsets)
         # Penalties go on a copy, never in place: a failed batched call is retried row by
         # row on these same logits, which must not be penalised twice.
         if not want_logprobs:
             return Sampled(sample(logits, params).tolist(), None, None)
         return _with_logprobs(logits, params, rows)
 
-    def _tensors(self, logits: torch.Tensor, rows: list[Sequence], penalties: bool) -> SamplingTensors:
+    def _tensors(self, logits: torch.Tensor, rows: list[Sequence], penalties: bool,
+                 offsets: list[int]) -> SamplingTensors:
         p = [s.params for s in rows]
         return SamplingTensors.from_lists(
             [x.temperature for x in p],
@@ -173,7 +178,7 @@ class Sampler:
             presence_penalty=[x.presence_penalty for x in p],
             frequency_penalty=[x.frequency_penalty for x in p],
             seed=[s.seed for s in rows],
-            step=[s.num_output_tokens for s in rows],
+            step=[s.num_output_tokens + off for s, off in zip(rows, offsets)],
             **(self._penalty_tokens(rows) if penalties else {}),
             device=logits.device,
         )

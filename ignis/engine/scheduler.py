@@ -8,7 +8,8 @@ is cut into steps of bounded time where the machine allows, so nobody waits long
 the step under way. The budget is spent in this order:
 
 1. Decode rows: every running sequence with one token to compute (they are never
-   starved by prefill).
+   starved by prefill). With speculative decoding (`drafter`, ignis/engine/speculation.py)
+   a decode row also carries the draft tokens to check: 1 + k tokens in one step.
 2. Running prefills (admission order), leaving room for the waiting prompts that fit
    in this step whole, FIFO: a short request that arrives during a long prompt's
    prefill is prefilled in the next step, beside a smaller chunk of the long one
@@ -27,6 +28,7 @@ a step that had to preempt.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ignis.engine.block_manager import BlockManager
@@ -40,6 +42,12 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Per entry: the draft tokens it checks (speculative decoding; [] for none). A row with
+    # a draft computes its last token and the draft, num_new_tokens = 1 + len(draft).
+    drafts: list[list[int]] = field(default_factory=list)
+
+    def draft(self, i: int) -> list[int]:
+        return self.drafts[i] if self.drafts else []
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -55,7 +63,8 @@ MIN_TIMED_TOKENS = 256
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 step_time_budget: float | None = None) -> None:
+                 step_time_budget: float | None = None,
+                 drafter: Callable[[Sequence, int, int], list[int]] | None = None) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if step_time_budget is not None and step_time_budget <= 0:
@@ -64,6 +73,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.step_time_budget = step_time_budget  # seconds, or None
+        # drafter(seq, room, decode_rows) -> draft tokens for a decode row (at most `room`),
+        # given how many decode rows the step has; None: no speculation.
+        self.drafter = drafter
         self.cost = StepCost(min(MIN_TIMED_TOKENS, max_num_batched_tokens), max_num_batched_tokens)
         self.over_budget = False  # the last step carried a prefill chunk and ran past the time budget
         self.waiting: deque[Sequence] = deque()
@@ -76,7 +88,7 @@ class Scheduler:
 
     def observe(self, seconds: float, batch: ScheduledBatch) -> None:
         """A step's measured time: what its tokens cost, for the time budget."""
-        rows = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n > 1]
+        rows = [(s, n) for i, (s, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)) if n > 1 and not batch.draft(i)]
         prefill = sum(n for _, n in rows)
         if self.step_time_budget is not None and prefill >= MIN_TIMED_TOKENS:
             depth = sum(s.num_computed_tokens * n for s, n in rows) / prefill  # (before the step)
@@ -95,6 +107,9 @@ class Scheduler:
         hard = self.max_num_batched_tokens  # what one forward may hold
         prefills: list[Sequence] = []
         decodes = 0
+        rows = 0  # decode rows' tokens (drafts included)
+        num_decode_rows = (sum(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
+                           if self.drafter is not None else 0)
         for seq in list(self.running):  # 1. decode rows (the time budget never cuts them)
             if seq.status is not Status.RUNNING:
                 continue  # (preempted by one before it)
@@ -102,12 +117,15 @@ class Scheduler:
                 continue  # waits for its grammar mask (ignis/engine/grammar_masks.py)
             if seq.num_tokens - seq.num_computed_tokens > 1:
                 prefills.append(seq)
-            elif decodes < hard and self._grow(seq, 1, batch):
-                decodes += 1
+            elif rows < hard:
+                draft = self.drafter(seq, hard - rows - 1, num_decode_rows) if self.drafter is not None else []
+                if self._grow(seq, 1 + len(draft), batch, draft):
+                    decodes += 1
+                    rows += 1 + len(draft)
         # Prefill tokens: the time budget's (decode rows come on top), within the forward's.
         depth = prefills[0].num_computed_tokens if prefills else 0
         others_wait = decodes > 0 or len(prefills) + len(self.waiting) > 1
-        budget = min(hard - decodes, self.token_budget(depth, others_wait))
+        budget = min(hard - rows, self.token_budget(depth, others_wait))
         want = self._waiting_fit(budget)  # short prompts waiting: prefilled whole this step
         cap = max(budget - want, min(MIN_PREFILL_CHUNK, budget)) if prefills else 0
         light = self.over_budget and (decodes > 0 or want > 0)
@@ -136,6 +154,7 @@ class Scheduler:
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
+            batch.drafts.append([])
             budget -= n
         return batch
 
@@ -153,7 +172,7 @@ class Scheduler:
             room -= 1
         return want
 
-    def _grow(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+    def _grow(self, seq: Sequence, n: int, batch: ScheduledBatch, draft: list[int] | None = None) -> bool:
         """Give `seq` blocks for `n` more tokens and put it in the batch, preempting the
         latest admitted running sequences not in the batch (it, last) when blocks run out.
         False when `seq` itself had to go."""
@@ -168,6 +187,7 @@ class Scheduler:
                 return False
         batch.seqs.append(seq)
         batch.num_new_tokens.append(n)
+        batch.drafts.append(draft or [])
         return True
 
     def _preempt(self, seq: Sequence) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 
 from ignis.engine.grammar import GrammarState
+from ignis.engine.ngram import NgramIndex
 from ignis.engine.outputs import EngineFinish
 from ignis.engine.sampling_params import SamplingParams
 from ignis.engine.stop import TextStream
@@ -62,6 +63,14 @@ class Sequence:
         self.block_hashes: list[int] = []  # hash chain of the full blocks seen so far
         self.num_published_blocks = 0  # leading blocks registered in the prefix cache
         self.num_cached_tokens: int | None = None  # prefix hit at first admission
+        # Speculative decoding (ignis/engine/speculation.py): the prompt-lookup index, built
+        # on the first draft, and the draft tokens proposed and accepted so far.
+        self.ngram: NgramIndex | None = None
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.draft_len = 0  # the next draft's length (0: the drafter's most)
+        self.draft_backoff = 0  # the last wait after a draft that kept nothing (doubles)
+        self.draft_wait = 0  # decode steps left before the next draft
         self.finish_reason: EngineFinish | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None

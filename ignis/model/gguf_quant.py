@@ -153,11 +153,11 @@ _TYPE_FATE = {
     QT.Q4_0: "int4 exact",
     QT.Q4_1: "int4 exact",
     QT.Q4_K: "int4 exact",
-    QT.Q8_0: "int4 pairs, exact; int8 under native decode; the embedding table int8, exact",
-    QT.Q5_0: "int4 pairs, exact; int8 under native decode",
-    QT.Q5_1: "int4 pairs, exact; int8 under native decode",
-    QT.Q5_K: "int4 pairs, exact; int8 under native decode",
-    QT.Q6_K: "requantized to int8 per row (its scales span 16 inputs)",
+    QT.Q8_0: "int4 pairs, exact; the embedding table int8 + block scales, exact",
+    QT.Q5_0: "int4 pairs, exact",
+    QT.Q5_1: "int4 pairs, exact",
+    QT.Q5_K: "int4 pairs, exact",
+    QT.Q6_K: "requantized to int8 per row (its scales span 16 inputs); the embedding table in its blocks, exact",
 }
 
 

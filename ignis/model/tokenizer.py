@@ -312,6 +312,24 @@ def _gguf_spm_spec(tokens: list[str], types: list[int], scores: list[float], *, 
     }
 
 
+def _over_model(full: tokenizers.Tokenizer, added: list[dict[str, Any]]) -> tokenizers.Tokenizer | None:
+    """A pipeline over `full`'s own model (shared, not copied: a 262k vocabulary's BPE model is
+    ~100 MB) and its normalizer, pre-tokenizer, post-processor and decoder, with only the
+    `added` tokens; None where the ids it gives them differ from theirs."""
+    t = tokenizers.Tokenizer(full.model)
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        value = getattr(full, part)
+        if value is not None:
+            setattr(t, part, value)
+    t.add_tokens([
+        tokenizers.AddedToken(a["content"], single_word=a.get("single_word", False), lstrip=a.get("lstrip", False),
+                              rstrip=a.get("rstrip", False), normalized=a.get("normalized", True),
+                              special=a.get("special", False))
+        for a in added
+    ])
+    return t if all(t.token_to_id(a["content"]) == a["id"] for a in added) else None
+
+
 class Tokenizer:
     """Encode and decode text for one model.
 
@@ -351,7 +369,7 @@ class Tokenizer:
         # The plain pipeline keeps only whitespace added tokens (some vocabularies add runs of
         # spaces as tokens for ordinary text); anything else is markup a client must not reach.
         spec["added_tokens"] = [t for t in spec.get("added_tokens") or () if t["content"].isspace()]
-        self._plain = tokenizers.Tokenizer.from_str(json.dumps(spec))
+        self._plain = _over_model(self._full, spec["added_tokens"]) or tokenizers.Tokenizer.from_str(json.dumps(spec))
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         self.cuts_at_word_spaces = _cuts_at_word_spaces(spec)
         self._token_bytes: list[bytes] | None = None

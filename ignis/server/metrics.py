@@ -56,6 +56,9 @@ class _EngineCollector(Collector):
                                          stats.num_free_blocks),
             "ignis_engine_blocks": ("KV-cache blocks in all.", stats.num_blocks),
             "ignis_engine_healthy": ("1 while the engine thread runs.", 1 if self.engine.healthy else 0),
+            "ignis_engine_draft_acceptance_rate": (
+                "Speculative draft tokens kept / checked, since start (0 before any).",
+                stats.num_accepted_draft_tokens / stats.num_draft_tokens if stats.num_draft_tokens else 0.0),
         }
         for name, (doc, value) in gauges.items():
             g = GaugeMetricFamily(name, doc)
@@ -69,6 +72,10 @@ class _EngineCollector(Collector):
             "ignis_engine_preemptions": ("Sequences preempted for lack of KV blocks.", stats.num_preemptions),
             "ignis_engine_steps": ("Engine steps run.", stats.num_steps),
             "ignis_engine_generated_tokens": ("Tokens sampled by the engine.", stats.num_generated_tokens),
+            "ignis_engine_draft_tokens": ("Speculative draft tokens checked (engine.speculative).",
+                                          stats.num_draft_tokens),
+            "ignis_engine_accepted_draft_tokens": ("Speculative draft tokens kept: sampling chose them.",
+                                                   stats.num_accepted_draft_tokens),
         }
         for name, (doc, value) in counters.items():
             c = CounterMetricFamily(name, doc)

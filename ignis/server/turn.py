@@ -97,6 +97,8 @@ def _usage(out: Any, reasoning_tokens: int) -> Usage:
         cached_tokens=u.cached_tokens,
         reasoning_tokens=min(reasoning_tokens, kept),
         rewound_tokens=u.rewound_tokens,
+        accepted_prediction_tokens=u.accepted_draft_tokens,
+        rejected_prediction_tokens=u.draft_tokens - u.accepted_draft_tokens,
     )
 
 

@@ -235,6 +235,18 @@ constexpr int kRows = 2;
 template <int NB>
 inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t T, float* y) {
   int64_t t0 = 0;
+#if defined(__AVX512F__)
+  // Four rows of x against half the weight rows at a time: each group's table and lookups
+  // then serve four rows instead of two (the lookups, not the FMAs, are most of the work),
+  // so a step of 4-16 rows (a few sequences, a speculative draft) costs less per row. Each
+  // output is still the same sum in the same order: results do not depend on T.
+  if constexpr (NB % 2 == 0) {
+    for (; t0 + 4 <= T; t0 += 4) {
+      block<NB / 2, 4>(w, x, n0, t0, y);
+      block<NB / 2, 4>(w, x, n0 + NB / 2, t0, y);
+    }
+  }
+#endif
   for (; t0 + kRows <= T; t0 += kRows) block<NB, kRows>(w, x, n0, t0, y);
   if (T - t0 == 1) block<NB, 1>(w, x, n0, t0, y);
 }

@@ -198,10 +198,10 @@ def test_sampling_failure_of_one_row_fails_that_request(tiny: LoadedModel, monke
         sampler = engine.engine.runner.sampler
         real = sampler._sample_rows
 
-        def picky(logits, rows):
+        def picky(logits, rows, *rest):
             if any(s.seed == 13 for s in rows):
                 raise ValueError("bad row")
-            return real(logits, rows)
+            return real(logits, rows, *rest)
 
         monkeypatch.setattr(sampler, "_sample_rows", picky)
         streams = [engine.submit([5, 6, 7], SamplingParams(max_tokens=4, seed=s, ignore_eos=True)) for s in (11, 13, 17)]

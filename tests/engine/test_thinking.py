@@ -79,12 +79,12 @@ def biased(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch, bias: Callable[[S
     """Make the random model 'want' tokens: add bias(seq) to its logits before sampling."""
     real = engine.runner.sampler._sample_rows
 
-    def sample_rows(logits: torch.Tensor, rows: list[Sequence]) -> object:
+    def sample_rows(logits: torch.Tensor, rows: list[Sequence], *rest: object) -> object:
         logits = logits.clone()
         for k, seq in enumerate(rows):
             for t, v in bias(seq).items():
                 logits[k, t] += v
-        return real(logits, rows)
+        return real(logits, rows, *rest)
 
     monkeypatch.setattr(engine.runner.sampler, "_sample_rows", sample_rows)
 

@@ -51,9 +51,9 @@ def test_top_logprobs_in_a_mixed_batch(tiny: LoadedModel, monkeypatch: pytest.Mo
     calls: list[tuple[torch.Tensor, list[tuple[SamplingParams, list[int]]], sampler.Sampled]] = []
     real_rows = runner_sampler._sample_rows
 
-    def recording(logits, rows):
+    def recording(logits, rows, *rest):
         ctx = [(s.params, list(s.token_ids[s.num_prompt_tokens :])) for s in rows]
-        got = real_rows(logits, rows)
+        got = real_rows(logits, rows, *rest)
         calls.append((logits.clone(), ctx, got))
         return got
 
@@ -136,10 +136,10 @@ def test_row_by_row_fallback_keeps_top_logprobs(tiny: LoadedModel, monkeypatch: 
     engine = LLMEngine(tiny, CFG)
     real = engine.runner.sampler._sample_rows
 
-    def one_at_a_time(logits, rows):
+    def one_at_a_time(logits, rows, *rest):
         if len(rows) > 1:
             raise RuntimeError("batched call failed")
-        return real(logits, rows)
+        return real(logits, rows, *rest)
 
     monkeypatch.setattr(engine.runner.sampler, "_sample_rows", one_at_a_time)
     params = [SamplingParams.greedy(3, ignore_eos=True, top_logprobs=2), SamplingParams.greedy(3, ignore_eos=True)]

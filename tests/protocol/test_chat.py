@@ -683,7 +683,8 @@ def test_chunks_and_completion_validate(name, include_usage):
         "completion_tokens": 30,
         "total_tokens": 42,
         "prompt_tokens_details": {"cached_tokens": 8},
-        "completion_tokens_details": {"reasoning_tokens": 10},
+        "completion_tokens_details": {"reasoning_tokens": 10, "accepted_prediction_tokens": 0,
+                                      "rejected_prediction_tokens": 0},
     }
     # the non-streaming path gives the same object
     assert build_completion(SCENARIOS[name], model="smollm2", id="chatcmpl-test", created=1_700_000_000, logprobs=True) == enc.completion()

@@ -150,3 +150,25 @@ def test_a_client_gone_mid_stream_is_a_499_with_its_tokens(srv, caplog, transpor
     else:
         assert any("499 client closed" in ln for ln in lines), lines
     assert not any(" 500 " in ln for ln in lines), lines
+
+
+def test_speculation_is_reported_in_usage_and_metrics(srv):
+    """Draft tokens kept and dropped: chat's completion_tokens_details (OpenAI's names),
+    a response's output_tokens_details, and the engine's counters on /metrics agree."""
+    _wait_idle(srv)
+    drafted0 = metric(srv, "ignis_engine_draft_tokens_total") or 0.0
+    kept0 = metric(srv, "ignis_engine_accepted_draft_tokens_total") or 0.0
+    text = "one two three four five six seven eight " * 6
+    body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 40}
+    details = http(srv, "POST", "/v1/chat/completions", json=body).json()["usage"]["completion_tokens_details"]
+    resp = http(srv, "POST", "/v1/responses", json={"model": "tiny", "input": text, "temperature": 0,
+                                                    "max_output_tokens": 40}).json()
+    out = resp["usage"]["output_tokens_details"]
+    validate_response(resp)
+    _wait_idle(srv)
+    kept = details["accepted_prediction_tokens"] + out["accepted_prediction_tokens"]
+    dropped = details["rejected_prediction_tokens"] + out["rejected_prediction_tokens"]
+    assert metric(srv, "ignis_engine_accepted_draft_tokens_total") - kept0 == kept
+    assert metric(srv, "ignis_engine_draft_tokens_total") - drafted0 == kept + dropped > 0  # (it drafted)
+    rate = metric(srv, "ignis_engine_draft_acceptance_rate")
+    assert rate is not None and 0.0 <= rate <= 1.0

@@ -1,0 +1,103 @@
+"""Speculative decoding by prompt lookup (engine.speculative=ngram) against plain decoding, one
+sequence, greedy, in one run.
+
+    .venv/bin/python experiments/bench_speculation.py [--gguf FILE] [--rounds 3] [--tokens 8]
+
+Two workloads, alternated round by round with speculation off and on (one engine each, the
+same loaded model):
+  edit   a Codex-like edit: a ~2k-token source file (ignis/engine/block_manager.py, read
+         at this commit) in the prompt, and the instruction to rewrite it whole with one
+         class renamed, as apply_patch rewrites what it read; 256 output tokens
+  chat   plain questions with nothing to copy (the engine benchmark's), 128 tokens each
+Each timed request's prompt is in the prefix cache already (a warm-up request runs it
+first), so the time is the decode's. Reported: output tok/s off and on, their ratio, the
+draft tokens checked and kept, and whether the outputs are the same token for token (they
+must be). --gguf times another file (a synthetic one of a real shape: its random weights copy
+nothing, so only the cost of checking drafts shows, not their gain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SOURCE = ROOT / "ignis" / "engine" / "block_manager.py"
+EDIT = ("Here is a Python file:\n\n```python\n{src}```\n\nRewrite the whole file with the class BlockManager "
+        "renamed to KVBlockManager. Output only the file.")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", type=Path, default=None)
+    ap.add_argument("--weight-form", default="quantized")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=8, help="engine.num_speculative_tokens")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from experiments.bench_engine import prompts_for
+    from ignis.config import EngineConfig
+    from ignis.engine import LLMEngine, SamplingParams
+    from ignis.model import load_model
+    from ignis.model.chat_template import encode_chat
+
+    loaded = load_model(str(args.gguf) if args.gguf else None, progress=False, weight_form=args.weight_form,
+                        max_num_seqs=1)
+    edit = encode_chat(loaded.tokenizer, loaded.chat_template,
+                       [{"role": "user", "content": EDIT.format(src=SOURCE.read_text())}])
+    chats = prompts_for(loaded, 3)
+    print(f"model {loaded.name}; edit prompt {len(edit)} tokens; {args.threads} threads", file=sys.stderr)
+    engines = {
+        "off": LLMEngine(loaded, EngineConfig(max_num_seqs=1, num_kv_blocks=2048, speculative="none")),
+        "on": LLMEngine(loaded, EngineConfig(max_num_seqs=1, num_kv_blocks=2048, speculative="ngram",
+                                             num_speculative_tokens=args.tokens)),
+    }
+    work = {"edit": ([edit], 256), "chat": (chats, 128)}
+    rates: dict[tuple[str, str], list[float]] = {}
+    outputs: dict[tuple[str, str], list[list[int]]] = {}
+    drafts: dict[str, list[int]] = {}
+    for name, (prompts, n) in work.items():  # warm-up: the prompts into each engine's prefix cache
+        for engine in engines.values():
+            engine.generate(prompts, SamplingParams.greedy(1))
+    for r in range(args.rounds):
+        for name, (prompts, n) in work.items():
+            for mode, engine in (engines.items() if r % 2 == 0 else reversed(engines.items())):
+                params = SamplingParams.greedy(n, ignore_eos=True)
+                d0, a0 = engine.num_draft_tokens, engine.num_accepted_draft_tokens
+                tokens, elapsed = 0, 0.0
+                outs = []
+                for p in prompts:  # one sequence at a time
+                    start = time.perf_counter()
+                    out = engine.generate([p], params)[0]
+                    elapsed += time.perf_counter() - start
+                    tokens += len(out.token_ids)
+                    outs.append(out.token_ids)
+                rates.setdefault((name, mode), []).append(tokens / elapsed)
+                outputs[(name, mode)] = outs
+                if mode == "on":
+                    d = drafts.setdefault(name, [0, 0])
+                    d[0] += engine.num_draft_tokens - d0
+                    d[1] += engine.num_accepted_draft_tokens - a0
+                print(f"round {r + 1} {name} {mode}: {tokens / elapsed:.1f} tok/s", file=sys.stderr)
+    print(f"| workload | off (tok/s) | on (tok/s) | on / off | drafts checked | kept | same tokens |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name in work:
+        off, on = statistics.median(rates[(name, "off")]), statistics.median(rates[(name, "on")])
+        checked, kept = drafts.get(name, [0, 0])
+        same = outputs[(name, "off")] == outputs[(name, "on")]
+        print(f"| {name} | {off:.1f} | {on:.1f} | {on / off:.2f}x | {checked} | {kept} "
+              f"({kept / max(checked, 1):.0%}) | {'yes' if same else 'NO'} |")
+    print(f"\n(medians of {args.rounds} rounds; {loaded.name}, weight_form {args.weight_form}, "
+          f"num_speculative_tokens {args.tokens}, {args.threads} threads)")
+
+
+if __name__ == "__main__":
+    main()

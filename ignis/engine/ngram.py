@@ -1,0 +1,60 @@
+"""Draft tokens by prompt lookup: the tokens that followed the latest earlier occurrence of
+the sequence's last n tokens (n from `max_n` down to `min_n`), in its prompt or its output.
+
+Agents' edits copy long spans of what they read (a file in the prompt, rewritten by
+`apply_patch`), so such drafts are often right, and checking k of them costs one forward
+of k + 1 rows where decoding them costs k + 1 forwards. Which drafts are kept is decided
+by sampling (ignis/engine/engine.py): the output is exactly what decoding one token at a
+time gives.
+
+    index = NgramIndex(max_n=4, min_n=2)
+    index.extend(seq.token_ids)      # the tokens so far (only the new ones are read)
+    draft = index.propose(seq.token_ids, k=8)
+
+The index keeps, per n, the end position of the latest occurrence of every n-gram seen,
+and the one before it for the sequence's own last n-gram, so a lookup is a dict probe
+per n and feeding a token is one dict write per n: no scan of the context per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class NgramIndex:
+    __slots__ = ("_last", "_prev", "max_n", "min_n", "n_seen")
+
+    def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = max_n, min_n
+        self._last: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]  # per n: gram -> end
+        self._prev: list[int | None] = [None] * (max_n + 1)  # per n: the last gram's earlier end
+        self.n_seen = 0
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Index the tokens past the ones already seen (tokens is the whole sequence so far)."""
+        for p in range(self.n_seen, len(tokens)):
+            for n in range(self.min_n, min(self.max_n, p + 1) + 1):
+                gram = tuple(tokens[p - n + 1 : p + 1])
+                table = self._last[n]
+                self._prev[n] = table.get(gram)
+                table[gram] = p
+            for n in range(p + 2, self.max_n + 1):  # grams longer than the sequence
+                self._prev[n] = None
+        self.n_seen = max(self.n_seen, len(tokens))
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens that followed the last n tokens' latest earlier occurrence, the
+        longest n that has one; [] when none does."""
+        self.extend(tokens)
+        if k <= 0:
+            return []
+        for n in range(self.max_n, self.min_n - 1, -1):
+            end = self._prev[n]
+            if end is not None:
+                return list(tokens[end + 1 : end + 1 + k])
+        return []
+
+
+__all__ = ["NgramIndex"]

@@ -1,0 +1,79 @@
+"""Speculative decoding with prompt-lookup drafts: which decode rows carry a draft, and how
+long.
+
+The scheduler asks the drafter for each decode row's draft (`NgramDrafter.__call__`); the
+runner checks a row's last token and its k draft tokens as k + 1 one-token rows of the same
+sequence at consecutive positions (each sees the K/V the rows before it wrote in the same
+step), samples every one of them as plain decoding would sample that output position (the
+same per-request seed stream), and the engine keeps the sampled tokens up to and including
+the first that differs from the draft. Sampling one position at a time and keeping a draft
+token only when the sample equals it is rejection sampling with the draft as a point mass,
+so the output is exactly what decoding without speculation gives: the same tokens for
+greedy and seeded requests, the same distribution for any other.
+
+A row drafts only where that equivalence needs no more than the logits: no penalties (they
+read the output so far), no output grammar or thinking budget (their masks depend on the
+tokens before), min_tokens already reached, not a prewarm. And only while few sequences
+decode (`max_seqs`): a wide batch already keeps the machine busy, and checking drafts there
+costs more rows than it saves steps.
+
+A draft's rows are not free (on the CPU a step of 9 rows costs ~2.5-3x one of 1: measured
+in experiments/RESULTS.md), so each sequence's draft length follows what it has kept: the
+next draft is one token longer than the last one's kept part, up to `num_tokens`, and after
+a draft kept nothing the sequence waits 1, 2, 4 ... (at most MAX_BACKOFF) steps before it
+drafts again (chat text, which seldom repeats itself, then drafts rarely; a file being
+rewritten keeps long drafts).
+"""
+
+from __future__ import annotations
+
+from ignis.engine.ngram import NgramIndex
+from ignis.engine.sequence import Sequence
+
+
+# The most decode steps a sequence waits to draft again after drafts that kept nothing.
+MAX_BACKOFF = 16
+
+
+class NgramDrafter:
+    def __init__(self, num_tokens: int = 8, *, max_n: int = 4, min_n: int = 2, max_seqs: int = 4) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"engine.num_speculative_tokens must be at least 1, got {num_tokens}")
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"engine.speculative_ngram_min ({min_n}) must lie in [1, speculative_ngram_max ({max_n})]")
+        if max_seqs < 1:
+            raise ValueError(f"engine.speculative_max_seqs must be at least 1, got {max_seqs}")
+        self.num_tokens, self.max_n, self.min_n, self.max_seqs = num_tokens, max_n, min_n, max_seqs
+
+    @staticmethod
+    def eligible(seq: Sequence) -> bool:
+        p = seq.params
+        return (not seq.prewarm and seq.text is not None and seq.grammar is None and seq.budget is None
+                and not p.uses_penalties and seq.num_output_tokens >= p.min_tokens)
+
+    def __call__(self, seq: Sequence, room: int, decode_rows: int) -> list[int]:
+        """Draft tokens for `seq`'s next step (at most `room`, and never past its max_tokens:
+        the step samples one token more than it drafts)."""
+        if decode_rows > self.max_seqs or not self.eligible(seq):
+            return []
+        if seq.draft_wait > 0:
+            seq.draft_wait -= 1
+            return []
+        k = min(seq.draft_len or self.num_tokens, room, seq.max_tokens - seq.num_output_tokens - 1)
+        if k <= 0:
+            return []
+        if seq.ngram is None:
+            seq.ngram = NgramIndex(self.max_n, self.min_n)
+        return seq.ngram.propose(seq.token_ids, k)
+
+    def observe(self, seq: Sequence, drafted: int, kept: int) -> None:
+        """A draft of `drafted` tokens kept `kept`: the next one's length, or a wait."""
+        seq.draft_len = min(self.num_tokens, kept + 1)
+        if kept:
+            seq.draft_backoff = 0
+        else:
+            seq.draft_backoff = min(MAX_BACKOFF, 2 * seq.draft_backoff or 1)
+            seq.draft_wait = seq.draft_backoff
+
+
+__all__ = ["NgramDrafter"]

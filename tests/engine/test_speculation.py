@@ -1,0 +1,185 @@
+"""Speculative decoding by prompt lookup (ignis/engine/ngram.py, speculation.py): the output is
+exactly plain decoding's (greedy and seeded token for token, unseeded in distribution), with
+stop strings, max_tokens, logprobs, the prefix cache and preemption; rows it must not draft
+for (grammar, penalties, min_tokens) get no draft."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from ignis.config import EngineConfig
+from ignis.engine import LLMEngine, SamplingParams
+from ignis.engine.ngram import NgramIndex
+from ignis.engine.speculation import NgramDrafter
+from ignis.model import LoadedModel
+
+SPEC = {"speculative": "ngram", "num_speculative_tokens": 6}
+
+
+def make(loaded: LoadedModel, **over) -> LLMEngine:
+    cfg = {"max_num_seqs": 8, "num_kv_blocks": 256, "speculative": "none", **over}  # plain unless asked
+    return LLMEngine(loaded, EngineConfig(**cfg))
+
+
+def repetitive(loaded: LoadedModel, copies: int = 3) -> list[int]:
+    """A prompt that repeats a sentence: its continuation is likely to copy it."""
+    text = "The quick brown fox jumps over the lazy dog near the river bank. "
+    return loaded.tokenizer.encode(text * copies)
+
+
+# -- the index ----------------------------------------------------------------------------
+
+
+def test_index_proposes_what_followed_the_longest_latest_match() -> None:
+    index = NgramIndex(max_n=3, min_n=1)
+    #        0  1  2  3  4  5  6  7  8  9
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3]
+    # "1 2 3" last seen ending at 6 (then 7); before that at 2 (then 9): the latest wins
+    assert index.propose(tokens, 3) == [7, 1, 2]
+    assert index.propose([5, 6, 7], 4) == []  # nothing repeats
+    assert NgramIndex(max_n=2, min_n=2).propose([4, 8, 4], 2) == []  # "8 4" never before; 1-grams off
+    assert NgramIndex(max_n=2, min_n=1).propose([4, 8, 4], 2) == [8, 4]
+
+
+def test_index_fed_incrementally_equals_one_built_at_once() -> None:
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9, 5] * 2
+    grown = NgramIndex(4, 1)
+    for end in range(1, len(tokens) + 1):
+        fresh = NgramIndex(4, 1)
+        assert grown.propose(tokens[:end], 5) == fresh.propose(tokens[:end], 5), end
+
+
+def test_drafter_refuses_rows_whose_sampling_reads_the_output(tiny: LoadedModel) -> None:
+    engine = make(tiny, **SPEC)
+    prompt = repetitive(tiny)
+    engine.add_request("plain", prompt, SamplingParams.greedy(8))
+    engine.add_request("pen", prompt, SamplingParams.greedy(8, repetition_penalty=1.3))
+    engine.add_request("min", prompt, SamplingParams.greedy(8, min_tokens=4))
+    seqs = engine.seqs
+    assert NgramDrafter.eligible(seqs["plain"]) and not NgramDrafter.eligible(seqs["pen"])
+    assert not NgramDrafter.eligible(seqs["min"])  # 0 of its 4 tokens yet
+    drafter = NgramDrafter(4, max_seqs=2)
+    assert drafter(seqs["plain"], 100, 3) == []  # more decode rows than max_seqs
+    seqs["plain"].max_tokens = 1
+    assert drafter(seqs["plain"], 100, 1) == []  # the step's own token reaches max_tokens
+
+
+# -- exactness ----------------------------------------------------------------------------
+
+
+def run(loaded: LoadedModel, prompts: list[list[int]], params: list[SamplingParams], **over):
+    engine = make(loaded, **over)
+    out = engine.generate(prompts, params)
+    return out, engine
+
+
+def test_greedy_is_token_for_token_plain_decoding(tiny: LoadedModel) -> None:
+    prompts = [repetitive(tiny, 3), repetitive(tiny, 2)[5:], [5, 6, 7, 8, 5, 6, 7]]
+    params = [SamplingParams.greedy(40, ignore_eos=True)] * 3
+    plain, _ = run(tiny, prompts, params)
+    spec, engine = run(tiny, prompts, params, **SPEC)
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    assert [c.text for c in spec] == [c.text for c in plain]
+    assert engine.num_draft_tokens > 0 and 0 < engine.num_accepted_draft_tokens <= engine.num_draft_tokens
+    assert engine.num_steps < sum(len(c.token_ids) for c in plain)  # fewer steps than tokens: drafts kept
+    # each request's usage carries its own share (the server reports it as prediction tokens)
+    assert sum(c.usage.accepted_draft_tokens for c in spec) == engine.num_accepted_draft_tokens
+    assert sum(c.usage.draft_tokens for c in spec) == engine.num_draft_tokens
+    assert all(c.usage.draft_tokens == 0 for c in plain)
+
+
+def test_seeded_sampling_is_token_for_token_plain_decoding(tiny: LoadedModel) -> None:
+    prompts = [repetitive(tiny)] * 4
+    params = [SamplingParams(max_tokens=32, temperature=0.3, top_k=3, seed=s, ignore_eos=True, logprobs=True,
+                             top_logprobs=3) for s in range(4)]
+    plain, _ = run(tiny, prompts, params)
+    spec, engine = run(tiny, prompts, params, **SPEC)
+    assert engine.num_accepted_draft_tokens > 0
+    for a, b in zip(spec, plain):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert [[t for t, _ in top] for top in a.top_logprobs] == [[t for t, _ in top] for top in b.top_logprobs]
+
+
+def test_unseeded_sampling_keeps_the_distribution(tiny: LoadedModel) -> None:
+    """Chi-square over the first four tokens' joint outcome, 300 unseeded requests each way
+    (speculation on reads other random numbers: only the distribution can agree)."""
+    prompt = repetitive(tiny)
+    params = SamplingParams(max_tokens=4, temperature=1.5, ignore_eos=True)
+    counts = []
+    for over in ({}, SPEC):
+        out, engine = run(tiny, [prompt] * 300, [params] * 300, max_num_seqs=300, num_kv_blocks=2048,
+                          **({**over, "speculative_max_seqs": 300} if over else {}))
+        counts.append(Counter(tuple(c.token_ids[:2]) for c in out))
+        if over:
+            assert engine.num_draft_tokens > 0
+    keys = [k for k in set(counts[0]) | set(counts[1]) if counts[0][k] + counts[1][k] >= 10]
+    rest = [k for k in set(counts[0]) | set(counts[1]) if k not in keys]
+    cells = [(counts[0][k], counts[1][k]) for k in keys] + [(sum(counts[0][k] for k in rest),
+                                                               sum(counts[1][k] for k in rest))]
+    cells = [c for c in cells if sum(c) > 0]
+    chi2 = sum((a - b) ** 2 / (a + b) for a, b in cells)  # two equal-size samples
+    dof = len(cells) - 1
+    # p < 0.001 would fail: the chi-square's 99.9% point, by the Wilson-Hilferty form
+    z = 3.09
+    limit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3 if dof else 0.0
+    assert chi2 <= limit, (chi2, dof, cells)
+
+
+def test_stop_strings_and_max_tokens_end_where_plain_decoding_ends(tiny: LoadedModel) -> None:
+    prompt = repetitive(tiny)
+    first, _ = run(tiny, [prompt], [SamplingParams.greedy(30, ignore_eos=True)])
+    text = first[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cases = [SamplingParams.greedy(30, ignore_eos=True, stop=[stop]), SamplingParams.greedy(7, ignore_eos=True),
+             SamplingParams.greedy(1, ignore_eos=True)]
+    for p in cases:
+        plain, _ = run(tiny, [prompt], [p])
+        spec, _ = run(tiny, [prompt], [p], **SPEC)
+        assert (spec[0].token_ids, spec[0].text, spec[0].finish_reason) == (
+            plain[0].token_ids, plain[0].text, plain[0].finish_reason)
+        assert len(spec[0].token_ids) <= (p.max_tokens or 0)
+
+
+def test_prefix_cache_and_preemption_keep_the_output(tiny: LoadedModel) -> None:
+    prompts = [repetitive(tiny, 4)[k:] for k in range(6)]
+    params = [SamplingParams.greedy(48, ignore_eos=True)] * 6
+    plain, _ = run(tiny, prompts, params)
+    # a pool too small for six sequences at once: preemptions, recomputes from the cache
+    spec, engine = run(tiny, prompts, params, num_kv_blocks=40, speculative_max_seqs=8, **SPEC)
+    assert engine.scheduler.num_preemptions > 0 and engine.num_accepted_draft_tokens > 0
+    assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+    again = engine.generate(prompts[:1], params[:1])[0]  # the prompt now in the prefix cache
+    assert again.token_ids == plain[0].token_ids
+
+
+def test_grammar_rows_get_no_draft(tiny: LoadedModel) -> None:
+    from ignis.engine.grammar import Grammar
+
+    engine = make(tiny, **SPEC)
+    out = engine.generate([repetitive(tiny)], [SamplingParams.greedy(12, grammar=Grammar.regex("(ab )+"))])
+    assert engine.num_draft_tokens == 0 and out[0].token_ids
+
+
+def test_native_decode_op_checks_drafts_exactly(smollm2_quantized: LoadedModel) -> None:
+    """The embedded model at `quantized`: drafts go through the native decode op as one-token
+    rows (each its own length) and the output is plain decoding's."""
+    loaded = smollm2_quantized
+    prompt = repetitive(loaded, 4)
+    params = [SamplingParams.greedy(32, ignore_eos=True)]
+    plain, e0 = run(loaded, [prompt], params, max_num_seqs=1)
+    spec, engine = run(loaded, [prompt], params, max_num_seqs=1, **SPEC)
+    if e0.runner.native is None:
+        pytest.skip("the native decode op is not built here")
+    assert spec[0].token_ids == plain[0].token_ids
+    assert engine.num_accepted_draft_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def smollm2_quantized() -> LoadedModel:
+    from ignis.model import load_model
+
+    return load_model(progress=False, weight_form="quantized", max_num_seqs=1)
