@@ -84,6 +84,29 @@ def decode_q8_0(raw: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(q.reshape(n, n_cols)), np.ascontiguousarray(scale)
 
 
+# 5-bit block types, q * scale + offset per 32 inputs with q in [0, 32): packed.py's int5 form.
+INT5_TYPES = frozenset({QT.Q5_0, QT.Q5_1, QT.Q5_K})
+# Types whose values are d * (signed byte) per 32 inputs with d fp16: packed.py's q8 form.
+Q8_TYPES = frozenset({QT.Q8_0, QT.Q5_0, QT.Q4_0})
+
+
+def decode_q8(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Raw Q8_0/Q5_0/Q4_0 rows [N, row_bytes] -> (q int8 [N, K], d float16 [N, K/32]):
+    w = q * d (Q5_0's d * (q - 16) and Q4_0's d * (q - 8) with the offset taken into q)."""
+    if qtype == QT.Q8_0:
+        return decode_q8_0(raw, n_cols)
+    if qtype == QT.Q5_0:
+        q, scale, _ = decode_wide_int(raw, qtype, n_cols)
+        centre = 16
+    elif qtype == QT.Q4_0:
+        q, scale, _ = decode_int4(raw, qtype, n_cols)
+        centre = 8
+    else:
+        raise ValueError(f"{qtype.name} is not d * (signed byte) per 32")
+    signed = (q.astype(np.int16) - centre).astype(np.int8)
+    return np.ascontiguousarray(signed), np.ascontiguousarray(scale.astype(np.float16))  # d came from fp16: exact
+
+
 # Types whose values are q * scale + offset per 32 inputs with q of up to 8 bits: split
 # as q = 16 * hi + lo, each a 4-bit weight, two int4 GEMMs hold them exactly.
 WIDE_INT_TYPES = frozenset({QT.Q5_0, QT.Q5_1, QT.Q5_K, QT.Q8_0})
@@ -153,10 +176,10 @@ _TYPE_FATE = {
     QT.Q4_0: "int4 exact",
     QT.Q4_1: "int4 exact",
     QT.Q4_K: "int4 exact",
-    QT.Q8_0: "int4 pairs, exact; the embedding table int8 + block scales, exact",
-    QT.Q5_0: "int4 pairs, exact",
-    QT.Q5_1: "int4 pairs, exact",
-    QT.Q5_K: "int4 pairs, exact",
+    QT.Q8_0: "int8 + block scales, exact (the embedding table too)",
+    QT.Q5_0: "int5 exact, or int8 + block scales beside Q8_0",
+    QT.Q5_1: "int5 exact",
+    QT.Q5_K: "int5 exact",
     QT.Q6_K: "requantized to int8 per row (its scales span 16 inputs); the embedding table in its blocks, exact",
 }
 

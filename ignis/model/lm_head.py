@@ -12,7 +12,8 @@ which at one sampling row makes it the largest single cost of a decode step. Two
           uint8, int8 dot products). Half bf16's bytes, and the faster at few rows
           (experiments/RESULTS.md). Full 8-bit activations need VNNI: without
           it fbgemm's products pass a saturating 16-bit add, and 7-bit activations
-          (torch's reduce_range) keep them exact at twice the rounding.
+          (torch's reduce_range) keep them exact at twice the rounding. A large Q8_0
+          table is multiplied as it is instead (ignis/model/packed.py's Q8Linear: no copy).
   wide    (more rows, or no narrow GEMM): the plan's wide GEMM (oneDNN bf16, else fbgemm
           fp16, else fp32: ignis/model/weight_plan.py), the more accurate of the two (the
           int8 GEMM's activation rounding moves logits ~4% of the largest, bf16's ~0.5%).

@@ -4,7 +4,7 @@
     hidden = native(input_ids, positions, kv_caches, slots, block_tables, seq_lens)
 
 A step whose rows each add one token to their own sequence (decode), in a model whose
-projections are int4, int4-pair or int8 GEMMs (the `quantized` form; `mixed`, whose steps
+projections are int4, int5, q8, int4-pair or int8 GEMMs (the `quantized` form; `mixed`, whose steps
 of more than NARROW_ROWS rows go through its oneDNN bf16 GEMMs instead), runs every layer
 in C++: same weights, same GEMMs, same fp32 arithmetic as the eager forward
 (ignis/model/transformer.py) to float rounding, without its ~40 ATen calls and Python
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # The wide GEMMs decode.cpp calls, by PackedLinear.form (its `wide_kind` argument).
 _WIDE_KINDS = {"bf16": 0, "fp16": 1, "fp32": 2}
 # decode.cpp's NarrowKind, Act and Layout.
-_INT8, _INT4, _INT4_PAIR = 0, 1, 2
+_INT8, _INT4, _INT4_PAIR, _INT5, _Q8 = 0, 1, 2, 3, 4
 _ACTS = {"silu": 0, "gelu_tanh": 1}
 _LAYOUTS = {"pre": 0, "sandwich": 1}
 _PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -64,7 +64,7 @@ def unsupported(c: ModelConfig) -> str | None:
 def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
     """(the int4/int8 GEMM, the mixed form's wide GEMM for wider steps or None); (None, None)
     when the op is neither, or its wide GEMM is one the native op does not call."""
-    from ignis.model.packed import Int4Linear, Int4PairLinear, Int8Linear, MixedLinear
+    from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, MixedLinear, Q8Linear
 
     if isinstance(op, MixedLinear):
         if op.wide.form not in _WIDE_KINDS or getattr(op.wide, "packed", None) is None:
@@ -72,7 +72,7 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
         return _split(op.narrow)[0], op.wide
     if isinstance(op, Int4Linear) and not op.native:
         return None, None
-    if isinstance(op, Int4Linear | Int8Linear | Int4PairLinear):
+    if isinstance(op, Int4Linear | Int5Linear | Q8Linear | Int8Linear | Int4PairLinear):
         return op, None
     return None, None
 
@@ -80,7 +80,7 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
 class NativeDecoder:
     def __init__(self, model: Transformer, gemms: list[PackedLinear], wide: list[PackedLinear]) -> None:
         from ignis.model.gguf_quant import GROUP
-        from ignis.model.packed import Int4Linear, Int4PairLinear, Int8Linear
+        from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, Q8Linear
 
         c = model.config
         self.model = model
@@ -88,8 +88,9 @@ class NativeDecoder:
         # oneDNN fp32 packed weights, one kind for the whole model.
         self.wide = [w.packed for w in wide]
         self.wide_kind = _WIDE_KINDS[wide[0].form] if wide else 0
-        # Per projection: int4, an int4 pair (5- to 8-bit blocks) or int8; a file mixes them
-        # (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0).
+        # Per projection: int4, int5, q8, an int4 pair (5- to 8-bit blocks beside others) or
+        # torch's int8; a file mixes them (Q4_K_M keeps some tensors at Q6_K, Gemma's files
+        # Q5_0 and Q8_0).
         self.kinds: list[int] = []
         self.weights: list[torch.Tensor] = []
         self.biases: list[torch.Tensor | None] = []
@@ -97,6 +98,12 @@ class NativeDecoder:
             if isinstance(g, Int4PairLinear):
                 self.kinds.append(_INT4_PAIR)
                 self.weights += [g.lo.nibbles, g.lo.scales_offsets, g.hi.nibbles, g.hi.scales_offsets]
+            elif isinstance(g, Int5Linear):
+                self.kinds.append(_INT5)
+                self.weights += [g.nibbles, g.fifth_bits, g.scales_offsets]
+            elif isinstance(g, Q8Linear):
+                self.kinds.append(_Q8)
+                self.weights += [g.q, g.d]
             elif isinstance(g, Int4Linear):
                 assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
                 self.kinds.append(_INT4)
@@ -124,7 +131,7 @@ class NativeDecoder:
     @classmethod
     def build(cls, model: torch.nn.Module) -> NativeDecoder | None:
         """The native decoder of `model`, or None where it does not apply: not a packed CPU
-        Transformer whose projections each have one int4, int4-pair or int8 GEMM (beside a
+        Transformer whose projections each have one int4, int5, q8, int4-pair or int8 GEMM (beside a
         bf16 one in every projection, or in none), layers the op does not compute
         (`unsupported`), unusual norms, or no native op on this machine
         (kernels.cpu_native.load)."""

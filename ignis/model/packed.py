@@ -3,25 +3,30 @@
 Which form, and which GEMMs each is built from on this machine, is decided by
 ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
   Int4Linear   4-bit weights, one (scale, zero) per 32 inputs: a 4-bit block file's values
-               exactly (Q4_0, Q4_1, Q4_K), in a layout of ours, through the native op's int4
-               GEMM (kernels/cpu/int4_gemm.h), or torch's where the op cannot be built.
-  Int4PairLinear  5- to 8-bit blocks (Q5_0, Q5_1, Q5_K, Q8_0) exactly, as two int4 weights
-               (q = 16 hi + lo) through the same native GEMM.
+               exactly (Q4_0, Q4_1, Q4_K), in a layout of ours, through the native op's
+               GEMM (kernels/cpu/quant_gemm.h), or torch's int4 one where the op cannot be built.
+  Int5Linear   5-bit blocks (Q5_0, Q5_1, Q5_K, and 4-bit ones fused beside them) exactly:
+               the same nibbles plus a word of fifth bits per 32, 0.875 bytes a weight.
+  Q8Linear     Q8_0 exactly (and Q5_0 / Q4_0 fused beside it): int8 values and the file's
+               fp16 block scales, 1.06 bytes a weight; a large tied head multiplies by the
+               embedding table's own.
+  Int4PairLinear  5- to 8-bit blocks exactly as two int4 weights (q = 16 hi + lo), 1.5 bytes
+               a weight: only Q8_0 fused beside blocks with offsets (Q4_K, Q5_K, ...).
   Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K,
                whose scales span 16 inputs; F16/BF16/F32; and 4-bit blocks where the
                native op cannot be built: requantized, a small loss).
   Bf16Linear / Fp16Linear / Fp32Linear   kept wide copies: oneDNN bf16, fbgemm fp16 weights
                with fp32 activations, oneDNN fp32.
-  MixedLinear  a narrow (int4/int8) and a wide op over one weight, chosen by the step's rows.
-Steps of WIDEN_ROWS rows or more (prefill chunks) through an int4/int8 op widen its weight
+  MixedLinear  a narrow (int4/int5/q8/int8) and a wide op over one weight, chosen by the step's rows.
+Steps of WIDEN_ROWS rows or more (prefill chunks) through a narrow op widen its weight
 for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster there, no
 copy kept. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
 fp32 at decode sizes): each op casts its input to what its kernel takes. The LM head is
 ignis/model/lm_head.py's.
 The embedding table keeps the file's form (Q8_0: int8 values with their block scales;
 other block types: the file's blocks; exact either way) and is dequantized row by row as
-tokens are looked up, so a tied head is the only
-tensor held twice (the table for lookups, the head's GEMMs).
+tokens are looked up. A tied head multiplies by a large Q8_0 table itself; otherwise it is
+the only tensor held twice (the table for lookups, the head's GEMMs).
 
 What each GEMM costs per shape and row count: experiments/bench_cpu_linear.py, and
 experiments/RESULTS.md for the figures.
@@ -43,9 +48,19 @@ from gguf import GGMLQuantizationType as QT
 from ignis.model.config import ModelConfig
 from ignis.model.families import family
 from ignis.model.gguf_loader import ignis_name, rope_heads, unpermute_rope_rows
-from ignis.model.gguf_quant import GROUP, INT4_TYPES, WIDE_INT_TYPES, decode_int4, decode_q8_0, decode_wide_int
+from ignis.model.gguf_quant import (
+    GROUP,
+    INT4_TYPES,
+    INT5_TYPES,
+    Q8_TYPES,
+    WIDE_INT_TYPES,
+    decode_int4,
+    decode_q8,
+    decode_q8_0,
+    decode_wide_int,
+)
 from ignis.model.layers import Experts, Linear
-from ignis.model.lm_head import NARROW_ROWS, RefinedHead, int8_dynamic_head
+from ignis.model.lm_head import NARROW_ROWS, Int8DynamicHead, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
 from ignis.model.weight_plan import WeightPlan
 from kernels import cpu_native, cpu_platform
@@ -62,6 +77,12 @@ _BATCH_HINT = 64
 WIDEN_ROWS = 256
 # The widening goes this many weight elements at a time (a bounded temporary).
 _WIDEN_ELEMENTS = 1 << 22
+# A Q8_0 head table from this size is multiplied as it is (Q8Linear) for few rows: there the
+# head is bound by memory, and the table's own GEMM keeps pace with an int8 copy's without
+# holding one (Gemma 3's 262k x 640, 178 MB: 4.0 ms a row either way on Zen 5, 2 threads).
+# Smaller ones sit in the caches, where fbgemm's int8 dot products are faster (SmolLM2's
+# 49k x 576: 0.36 ms a row against 0.46; 0.45 against 1.1 at four rows).
+Q8_HEAD_MIN_BYTES = 64 << 20
 
 
 # -- GEMM ops ---------------------------------------------------------------------------
@@ -149,7 +170,7 @@ class Int4Linear(PackedLinear):
         if x.shape[0] >= WIDEN_ROWS:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
         if self.packed is None:
-            return torch.ops.ignis_cpu.int4_gemm(x.contiguous(), self.nibbles, self.scales_offsets)
+            return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, None, self.scales_offsets, 4)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP,
                                                           self.torch_scales_zeros).float()
 
@@ -161,6 +182,74 @@ class Int4Linear(PackedLinear):
         so = self.scales_offsets[n0:n1]
         w = q.float() * so[..., :1] + so[..., 1:]
         return w.view(n1 - n0, k).to(dtype)
+
+
+class Int5Linear(PackedLinear):
+    """5-bit block weights (Q5_0, Q5_1, Q5_K, and 4-bit blocks fused beside them) exactly:
+    w = q * scale + offset, q in [0, 32), one (scale, offset) per 32 inputs. Int4Linear's
+    nibbles and pairs plus each group's fifth bits as one 32-bit word (bit i: element 2i's,
+    bit 16 + i: element 2i + 1's), 0.875 bytes a weight, through the native op's GEMM
+    (kernels/cpu/quant_gemm.h); widened and multiplied densely from WIDEN_ROWS rows."""
+
+    form = "int5"
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        n, k = q.shape
+        self.in_features = k
+        self.nibbles = torch.from_numpy(np.ascontiguousarray((q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)).astype(np.uint8))
+        fifth = ((q >> 4) & 1).astype(np.uint32).reshape(n, k // GROUP, GROUP)
+        shifts = np.arange(16, dtype=np.uint32)
+        words = (fifth[..., 0::2] << shifts).sum(axis=-1) | (fifth[..., 1::2] << (shifts + 16)).sum(axis=-1)
+        self.fifth_bits = torch.from_numpy(np.ascontiguousarray(words.astype(np.uint32)).view(np.int32))
+        self.scales_offsets = torch.from_numpy(np.ascontiguousarray(np.stack((scale, offset), axis=-1), dtype=np.float32))
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = self.nibbles.numel() + 4 * (self.fifth_bits.numel() + self.scales_offsets.numel())
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
+        return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, self.fifth_bits, self.scales_offsets, 5)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
+        k = self.in_features
+        b = self.nibbles[n0:n1]
+        words = self.fifth_bits[n0:n1, :, None]
+        bit = torch.arange(32, dtype=torch.int32).view(2, 16).t().reshape(32)  # element j's bit in the word
+        fifth = ((words >> bit) & 1).to(torch.uint8)  # [n, G, 32] in element order
+        low = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, k // GROUP, GROUP)
+        so = self.scales_offsets[n0:n1]
+        w = (low | (fifth << 4)).float() * so[..., :1] + so[..., 1:]
+        return w.view(n1 - n0, k).to(dtype)
+
+
+class Q8Linear(PackedLinear):
+    """Q8_0's values as the file holds them, w = q * d with q int8 and one fp16 d per 32
+    inputs (and Q5_0 / Q4_0 blocks fused beside them: d * (q - 16), d * (q - 8)), 1.06
+    bytes a weight, through the native op's GEMM (kernels/cpu/quant_gemm.h). It takes the
+    tensors as given: a tied head multiplies by the embedding table's own (Q8Embedding)."""
+
+    form = "q8"
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        self.in_features = q.shape[1]
+        self.q, self.d = q, d
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = q.numel() + 2 * d.numel()
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.q.shape[0], self.widen, self.widen_to)
+        return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.q, None, self.d, 8)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype` (q * d in fp32, then rounded)."""
+        q = self.q[n0:n1].view(n1 - n0, -1, GROUP).float()
+        return (q * self.d[n0:n1, :, None].float()).view(n1 - n0, -1).to(dtype)
 
 
 class Int4PairLinear(PackedLinear):
@@ -406,31 +495,43 @@ def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[st
         yield name, _Raw(t, heads)
 
 
-def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan, pairs: bool = True) -> PackedLinear:
-    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight). `pairs`: hold
-    5- to 8-bit blocks exactly as int4 pairs (1.5 bytes a weight with their scales; False:
-    requantized to int8 per row, 1 byte, not the file's values)."""
+def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan) -> PackedLinear:
+    """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight): the narrowest
+    form that holds every part's values exactly (int4 0.75 bytes a weight, int5 0.875, q8
+    1.06, int4 pairs 1.5 for Q8_0 beside other blocks), else int8 requantized per row (Q6_K,
+    float types: 1 byte, not the file's values)."""
     if plan.form == "mixed":
-        narrow = _build_linear(parts, None, replace(plan, form="quantized"), pairs)
+        narrow = _build_linear(parts, None, replace(plan, form="quantized"))
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
     widen_to = torch.bfloat16 if plan.widen_to == "bf16" else torch.float32
     rows = sum(p.shape[0] for p in parts)
+    cols = parts[0].shape[-1]
+    types = {p.qtype for p in parts}
     torch_int4 = rows % 16 == 0  # what torch's int4 packing takes, where the native op is not built
-    if plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES for p in parts) and (
-            torch_int4 or cpu_native.load()):
-        cols = parts[0].shape[-1]
-        decoded = [decode_int4(p.data, p.qtype, cols) for p in parts]
-        q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
-        return Int4Linear(q, s, z, bias, widen_to)
-    if pairs and plan.form == "quantized" and plan.int4 and all(p.qtype in INT4_TYPES | WIDE_INT_TYPES for p in parts) and (
-            cpu_native.load()):
-        cols = parts[0].shape[-1]
-        decoded = [(decode_int4 if p.qtype in INT4_TYPES else decode_wide_int)(p.data, p.qtype, cols) for p in parts]
-        q, s, z = (np.concatenate([d[i] for d in decoded]) for i in range(3))
-        return Int4PairLinear(q, s, z, bias, widen_to)
+    if plan.form == "quantized" and plan.int4 and types <= INT4_TYPES and (torch_int4 or cpu_native.load()):
+        return Int4Linear(*_stacked(parts, decode_int4), bias, widen_to)
+    native = plan.form == "quantized" and plan.int4 and cpu_native.load()
+    if native and types <= INT4_TYPES | INT5_TYPES:
+        return Int5Linear(*_stacked(parts, _decode_int), bias, widen_to)
+    if native and types <= Q8_TYPES:
+        q, d = _stacked(parts, decode_q8)
+        return Q8Linear(torch.from_numpy(q), torch.from_numpy(d), bias, widen_to)
+    if native and types <= INT4_TYPES | WIDE_INT_TYPES:
+        return Int4PairLinear(*_stacked(parts, _decode_int), bias, widen_to)
     if plan.form == "quantized":
         return Int8Linear(_dense(parts), bias, widen_to)
     return wide_linear(_dense(parts), plan.wide, bias)
+
+
+def _decode_int(raw: np.ndarray, qtype: QT, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, scale, offset) of 4- to 8-bit blocks, w = q * scale + offset per 32 inputs."""
+    return (decode_int4 if qtype in INT4_TYPES else decode_wide_int)(raw, qtype, cols)
+
+
+def _stacked(parts: list[_Raw], decode: Callable[[np.ndarray, QT, int], tuple[np.ndarray, ...]]) -> list[np.ndarray]:
+    """Each part decoded by `decode`, its arrays stacked over the parts' rows."""
+    decoded = [decode(p.data, p.qtype, p.shape[-1]) for p in parts]
+    return [np.concatenate([d[i] for d in decoded]) for i in range(len(decoded[0]))]
 
 
 def _dense(parts: list[_Raw]) -> torch.Tensor:
@@ -608,17 +709,26 @@ def load_packed_gguf(
 def _set_tables(
     model: Transformer, embed: _Raw, head: _Raw | None, dtype: torch.dtype, max_num_seqs: int | None, plan: WeightPlan,
 ) -> None:
-    """The embedding lookup in the file's form, and the head (ignis/model/lm_head.py): an
-    int8 GEMM for steps of few sampling rows, bf16 oneDNN for more (not built when the
-    engine never has more: max_num_seqs <= NARROW_ROWS), each row's top candidates refined
-    in fp32 from the exact rows: the embedding table when tied, else a table of the head's
-    own (the file's form again: Q8_0 stays 1 byte per weight)."""
+    """The embedding lookup in the file's form, and the head (ignis/model/lm_head.py): a
+    narrow GEMM for steps of few sampling rows, the wide one (bf16 oneDNN) for more (not
+    built when the engine never has more: max_num_seqs <= NARROW_ROWS), each row's top
+    candidates refined in fp32 from the exact rows: the embedding table when tied, else a
+    table of the head's own (the file's form again: Q8_0 stays 1 byte per weight). The
+    narrow GEMM is the q8 form over that Q8_0 table itself where the table is too large for
+    the caches (no second copy), else int8 with dynamic-quantized activations."""
     model.embed_op = _table(embed, dtype)
-    head_w = torch.from_numpy((head or embed).dense())
-    narrow = int8_dynamic_head(head_w, full_range=plan.head_full_range) if plan.head_int8 else None
-    few_rows_only = max_num_seqs is not None and max_num_seqs <= NARROW_ROWS
-    wide = None if narrow is not None and few_rows_only else wide_linear(head_w, plan.wide)
     rows = model.embed_op if head is None else _table(head, dtype)
+    few_rows_only = max_num_seqs is not None and max_num_seqs <= NARROW_ROWS
+    narrow: PackedLinear | Int8DynamicHead | None = None
+    head_w: torch.Tensor | None = None
+    if isinstance(rows, Q8Embedding) and rows.nbytes >= Q8_HEAD_MIN_BYTES and plan.int4 and cpu_native.load():
+        narrow = Q8Linear(rows.q, rows.scale, None)
+    elif plan.head_int8:
+        head_w = torch.from_numpy((head or embed).dense())
+        narrow = int8_dynamic_head(head_w, full_range=plan.head_full_range)
+    wide = None
+    if narrow is None or not few_rows_only:
+        wide = wide_linear(head_w if head_w is not None else torch.from_numpy((head or embed).dense()), plan.wide)
     model.head_op = RefinedHead(rows, wide=wide, narrow=narrow)
     del head_w
     model.embed_tokens = _meta_param(model.embed_tokens)

@@ -8,15 +8,16 @@ The forms (`model.weight_form`, built by ignis/model/packed.py):
              ignis/engine/cpu_weights.py); the reference, and HF checkpoints' form.
   bfloat16   oneDNN's bf16 GEMMs; only where oneDNN has them (AVX512-BW/VL/DQ or
              AVX-NE-CONVERT CPUs).
-  quantized  the file's quantization: 4-bit blocks as int4 GEMMs (`int4`: the native op's,
-             kernels/cpu/int4_gemm.h, or torch's) or requantized to torch's int8 one, other
-             types int8. Steps of WIDEN_ROWS rows or more (prefill chunks) widen each weight
+  quantized  the file's quantization: 4-, 5- and 8-bit blocks exactly through the native
+             op's GEMMs (`int4`: kernels/cpu/quant_gemm.h; without the op 4-bit blocks go
+             through torch's int4 GEMM) or requantized to torch's int8 one, other types int8. Steps of WIDEN_ROWS rows or more (prefill chunks) widen each weight
              to `widen_to` for the step (bf16 for oneDNN's bf16 GEMM where it runs, else fp32).
   mixed      the quantized GEMMs for steps of up to NARROW_ROWS rows beside a kept `wide`
              copy for wider ones: bf16 where oneDNN has it, else fbgemm's fp16 (fp16
              weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
-The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and int8 with
-dynamic-quantized activations for few rows, at 7 bits where the CPU lacks VNNI.
+The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and for few rows
+int8 with dynamic-quantized activations (at 7 bits where the CPU lacks VNNI), or a large
+Q8_0 table's own GEMM (packed.py's Q8Linear).
 
 4-bit blocks stay int4 wherever the native op builds (its int4 GEMM reads ignis's own
 layout on every tier: on AVX-512 as fast as torch's int4 GEMM at one row, on AVX2 about 2x

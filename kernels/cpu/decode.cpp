@@ -5,9 +5,9 @@
 //
 // Why native: at one row the eager forward is ~40 ATen calls per layer at 2-3 us each
 // plus Python around them, as much time as the matrix work (RESULTS.md).
-// Here the GEMMs are still torch's (weight-only int4 / int8, or the mixed form's kept wide
-// copy for wider steps: oneDNN bf16, fbgemm fp16 or oneDNN fp32; four per layer), or
-// ignis's own int4 GEMM (int4_gemm.h, once or twice per projection);
+// Here the GEMMs are ignis's own over the file's 4-, 5- and 8-bit block values
+// (quant_gemm.h), torch's int8 weight-only one (types those do not hold), or the mixed
+// form's kept wide copy for wider steps (oneDNN bf16, fbgemm fp16 or oneDNN fp32); four per layer;
 // everything between them (RMSNorm, biases, rotary, q/k norms, the KV write, paged
 // attention, SiLU-and-multiply, residuals, the casts) is plain loops over a few thousand
 // floats, and attention is split over keys across torch's threads. Attention has AVX-512
@@ -15,7 +15,7 @@
 // kernels/cpu_platform.py chose, never for more than the host has.
 //
 // Arithmetic follows ignis/model/layers.py: fp32 activations, each GEMM fed what its
-// kernel takes (bf16, rounded to nearest even, for the int4/int8 and oneDNN bf16 GEMMs;
+// kernel takes (bf16, rounded to nearest even, for torch's int8 and oneDNN bf16 GEMMs;
 // fp32 for fp16/fp32 ones) and read back as fp32, biases added in fp32. The KV cache is fp32 or
 // bf16 (engine.kv_cache_dtype): bf16 K/V are rounded as torch's .to(bfloat16) rounds them
 // and read back as fp32, so attention computes in fp32 either way. The reductions' order
@@ -27,7 +27,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
 #include <ATen/ops/_weight_int8pack_mm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -35,7 +34,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#include "int4_gemm.h"
+#include "quant_gemm.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -125,13 +124,17 @@ at::Tensor as_bf16(const at::Tensor& x) {
 
 // Per projection, the kind of its narrow GEMM (the `kinds` argument); a file mixes them
 // (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0 beside Q4_K).
-enum NarrowKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Pair = 2 };
+enum NarrowKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Pair = 2, kInt5 = 3, kQ8 = 4 };
 
-// The step's GEMMs: y [T, N] = x [T, K] @ W^T, x fp32. `narrow`, per projection in order:
-// int4 (two tensors, ignis's own layout: nibbles [N, K/2] and (scale, offset) [N, K/32, 2]
-// fp32, int4_gemm.h; fp32 in and out), an int4 pair (four: the low then the high nibbles'
-// weights, whose sum is a 5- to 8-bit block weight exactly: packed.py's Int4PairLinear) or
-// torch's int8 weight-only GEMM (two: w [N, K] int8, s [N] row scales; bf16 in and out).
+// How many tensors of `narrow` each kind takes.
+inline int64_t tensors_of(int64_t kind) { return kind == kInt4Pair ? 4 : kind == kInt5 ? 3 : 2; }
+
+// The step's GEMMs: y [T, N] = x [T, K] @ W^T, x fp32. `narrow`, per projection in order
+// (quant_gemm.h's layouts; fp32 in and out): int4 (nibbles [N, K/2], (scale, offset)
+// [N, K/32, 2] fp32), int5 (the same nibbles, their fifth bits [N, K/32] int32, the pairs),
+// q8 (int8 values [N, K], fp16 scales [N, K/32]), an int4 pair (four: the low then the high
+// nibbles' int4 weights, whose sum is the block weight exactly: packed.py's Int4PairLinear)
+// or torch's int8 weight-only GEMM (two: w [N, K] int8, s [N] row scales; bf16 in and out).
 // `wide`, per projection the kept copy for steps of more than narrow_rows rows: oneDNN
 // bf16 (bf16 in and out), fbgemm fp16 or oneDNN fp32 (fp32).
 struct Gemms {
@@ -145,9 +148,9 @@ struct Gemms {
       : narrow(narrow_), wide(wide_), kinds(kinds_), use_wide(use_wide_), wide_kind(wide_kind_) {
     int64_t i = 0;
     for (const int64_t k : kinds) {
-      TORCH_CHECK(k >= kInt8 && k <= kInt4Pair, "decode_layers: unknown GEMM kind ", k);
+      TORCH_CHECK(k >= kInt8 && k <= kQ8, "decode_layers: unknown GEMM kind ", k);
       first.push_back(i);
-      i += k == kInt4Pair ? 4 : 2;
+      i += tensors_of(k);
     }
     TORCH_CHECK(i == int64_t(narrow.size()), "decode_layers: ", narrow.size(), " weight tensors for kinds needing ", i);
   }
@@ -160,29 +163,36 @@ struct Gemms {
     } else if (use_wide) {
       y = onednn_linear(wide_kind == kWideBf16 ? as_bf16(x) : x, wide[4 * layer + proj]);
     } else {
-      const int64_t p = 4 * layer + proj, i = first[p];
-      const at::Tensor& w = narrow[i];
-      const at::Tensor& s = narrow[i + 1];
-      if (kinds[p] != kInt8) {
+      const int64_t p = 4 * layer + proj, i = first[p], kind = kinds[p];
+      if (kind == kInt8) {
+        y = at::_weight_int8pack_mm(as_bf16(x), narrow[i], narrow[i + 1]);
+      } else {
         y = at::empty({x.size(0), n}, x.options());
-        int4::gemm({w.data_ptr<uint8_t>(), s.data_ptr<float>(), n, x.size(1)}, x.data_ptr<float>(), x.size(0),
-                   y.data_ptr<float>());
-        if (kinds[p] == kInt4Pair) {  // + the high nibbles' GEMM: lo + hi, as Int4PairLinear sums them
+        qgemm::gemm(weights(i, kind, n, x.size(1)), x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+        if (kind == kInt4Pair) {  // + the high nibbles' GEMM: lo + hi, as Int4PairLinear sums them
           at::Tensor hi = at::empty({x.size(0), n}, x.options());
-          int4::gemm({narrow[i + 2].data_ptr<uint8_t>(), narrow[i + 3].data_ptr<float>(), n, x.size(1)},
-                     x.data_ptr<float>(), x.size(0), hi.data_ptr<float>());
+          qgemm::gemm(weights(i + 2, kInt4, n, x.size(1)), x.data_ptr<float>(), x.size(0), hi.data_ptr<float>());
           float* yp = y.data_ptr<float>();
           const float* hp = hi.data_ptr<float>();
 #pragma omp simd
           for (int64_t j = 0; j < x.size(0) * n; ++j) yp[j] += hp[j];
         }
-      } else {
-        y = at::_weight_int8pack_mm(as_bf16(x), w, s);
       }
     }
     TORCH_CHECK(y.is_contiguous() && y.size(0) == x.size(0) && y.size(1) == n, "decode_layers: a GEMM's output is not [T, ", n,
                 "]");
     return y;
+  }
+
+  // quant_gemm.h's view of the tensors of `narrow` from i (kind kInt4, kInt4Pair, kInt5, kQ8).
+  qgemm::Weights weights(int64_t i, int64_t kind, int64_t n, int64_t k) const {
+    if (kind == kQ8)
+      return {qgemm::kQ8, reinterpret_cast<const uint8_t*>(narrow[i].data_ptr()), nullptr, nullptr,
+              reinterpret_cast<const uint16_t*>(narrow[i + 1].data_ptr()), n, k};
+    if (kind == kInt5)
+      return {qgemm::kQ5, narrow[i].data_ptr<uint8_t>(), reinterpret_cast<const uint32_t*>(narrow[i + 1].data_ptr()),
+              narrow[i + 2].data_ptr<float>(), nullptr, n, k};
+    return {qgemm::kQ4, narrow[i].data_ptr<uint8_t>(), nullptr, narrow[i + 1].data_ptr<float>(), nullptr, n, k};
   }
 };
 
@@ -761,7 +771,7 @@ at::Tensor decode_layers(
   at::Tensor x = x_in.clone();
   float* xp = x.data_ptr<float>();
   TORCH_CHECK(wide_kind >= kWideBf16 && wide_kind <= kWideFp32, "decode_layers: unknown wide GEMM kind");
-  TORCH_CHECK(group == int4::kGroup, "decode_layers: int4 groups of ", int4::kGroup, " only");
+  TORCH_CHECK(group == qgemm::kGroup, "decode_layers: groups of ", qgemm::kGroup, " only");
   const Gemms gemm(weights, wide, kinds, wide.size() > 0 && T > narrow_rows, wide_kind);
   // The GEMMs' fp32 inputs: normed hidden rows, attention outputs, act(gate) * up.
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
@@ -875,18 +885,36 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return o;
 }
 
-// The int4 GEMM alone (int4_gemm.h), for the eager forward: y [T, N] fp32 = x [T, K] fp32 @ W^T.
-at::Tensor int4_gemm_op(const at::Tensor& x, const at::Tensor& q, const at::Tensor& so) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "int4_gemm: x must be contiguous fp32 [T, K]");
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous() && 2 * q.size(1) == x.size(1) &&
-                  x.size(1) % int4::kGroup == 0,
-              "int4_gemm: nibbles must be contiguous uint8 [N, K/2], K a multiple of 32");
-  TORCH_CHECK(so.dim() == 3 && so.scalar_type() == at::kFloat && so.is_contiguous() && so.size(0) == q.size(0) &&
-                  so.size(1) == x.size(1) / int4::kGroup && so.size(2) == 2,
-              "int4_gemm: scales and offsets must be contiguous fp32 [N, K/32, 2]");
-  at::Tensor y = at::empty({x.size(0), q.size(0)}, x.options());
-  int4::gemm({q.data_ptr<uint8_t>(), so.data_ptr<float>(), q.size(0), x.size(1)}, x.data_ptr<float>(), x.size(0),
-             y.data_ptr<float>());
+// One of quant_gemm.h's GEMMs alone, for the eager forward: y [T, N] fp32 = x [T, K] fp32 @ W^T
+// over `q` with `qh` (bits 5 only) and `scales` ((s, o) pairs fp32 [N, K/32, 2] for bits 4
+// and 5; fp16 [N, K/32] for bits 8).
+at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::optional<at::Tensor>& qh,
+                         const at::Tensor& scales, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "quant_gemm: bits must be 4, 5 or 8");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % qgemm::kGroup == 0,
+              "quant_gemm: x must be contiguous fp32 [T, K], K a multiple of 32");
+  const int64_t K = x.size(1), G = K / qgemm::kGroup, N = q.size(0);
+  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.element_size() == 1 && q.size(1) == (bits == 8 ? K : K / 2),
+              "quant_gemm: values must be contiguous bytes [N, K] (bits 8) or [N, K/2] (nibbles)");
+  if (bits == 8) {
+    TORCH_CHECK(scales.dim() == 2 && scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.size(0) == N &&
+                    scales.size(1) == G,
+                "quant_gemm: bits 8 takes fp16 scales [N, K/32]");
+  } else {
+    TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == N &&
+                    scales.size(1) == G && scales.size(2) == 2,
+                "quant_gemm: bits 4 and 5 take fp32 (scale, offset) pairs [N, K/32, 2]");
+  }
+  TORCH_CHECK((bits == 5) == qh.has_value(), "quant_gemm: fifth bits with bits 5, and only then");
+  if (qh)
+    TORCH_CHECK(qh->dim() == 2 && qh->scalar_type() == at::kInt && qh->is_contiguous() && qh->size(0) == N && qh->size(1) == G,
+                "quant_gemm: fifth bits must be contiguous int32 [N, K/32]");
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  const qgemm::Weights w{qgemm::Format(bits), reinterpret_cast<const uint8_t*>(q.data_ptr()),
+                         qh ? reinterpret_cast<const uint32_t*>(qh->data_ptr()) : nullptr,
+                         bits == 8 ? nullptr : scales.data_ptr<float>(),
+                         bits == 8 ? reinterpret_cast<const uint16_t*>(scales.data_ptr()) : nullptr, N, K};
+  qgemm::gemm(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
   return y;
 }
 
@@ -899,7 +927,7 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
       "float scale, int window) -> Tensor",
       TORCH_FN(paged_decode_attention));
-  m.def("int4_gemm(Tensor x, Tensor nibbles, Tensor scales_offsets) -> Tensor", TORCH_FN(int4_gemm_op));
+  m.def("quant_gemm(Tensor x, Tensor q, Tensor? qh, Tensor scales, int bits) -> Tensor", TORCH_FN(quant_gemm_op));
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor cos_local, Tensor sin_local, Tensor slots, "
       "Tensor block_tables, Tensor seq_lens, Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, "

@@ -17,13 +17,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def int4_gemm_rtol() -> float:
-    """How close the native int4 GEMM comes to the file's weight times x (relative to the
-    largest output): fp32 activations, or on the AVX2 tier int16 ones per group of 32
-    (kernels/cpu/int4_gemm.h: within 2^-15 of each group's largest |x|)."""
+def quant_gemm_rtol(bits: int = 4) -> float:
+    """How close the native quantized GEMMs come to the file's weight times x (relative to
+    the largest output): fp32 activations, or int16 ones per group of 32 (within 2^-15 of
+    each group's largest |x|, kernels/cpu/quant_gemm.h) on the AVX2 tier, and for the 8-bit
+    form wherever AVX2 is (AVX-512 too)."""
     from kernels import cpu_platform
 
-    return 3e-4 if cpu_platform.current().level == "avx2" else 1e-5
+    level = cpu_platform.current().level
+    return 3e-4 if level == "avx2" or (bits == 8 and level != "portable") else 1e-5
 
 
 def block_tables_for(lengths: Sequence[int], block_size: int) -> list[list[int]]:

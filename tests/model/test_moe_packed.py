@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from ignis.model.packed import _build_linear, _Raw
 from ignis.model.weight_plan import plan_weights
-from tests.model.paged_utils import int4_gemm_rtol, rel_err
+from tests.model.paged_utils import quant_gemm_rtol, rel_err
 
 
 def _stacked(w: np.ndarray, qtype: Q) -> _Raw:
@@ -71,10 +71,11 @@ def test_routed_experts_through_packed_gemms_match_dense() -> None:
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1, Q.Q8_0])
-def test_wide_int_blocks_are_held_exactly_as_int4_pairs(qtype: Q) -> None:
-    """Q5_0 / Q5_1 / Q8_0 (and Q5_K, checked on raw blocks below) become two int4 weights
-    whose sum is the file's value; the op's product equals the dequantized weight's."""
+@pytest.mark.parametrize("qtype, form", [(Q.Q5_0, "int5"), (Q.Q5_1, "int5"), (Q.Q8_0, "q8")])
+def test_wide_int_blocks_are_held_exactly(qtype: Q, form: str) -> None:
+    """Q5_0 / Q5_1 (and Q5_K, checked on raw blocks below) become int5 weights, Q8_0 int8
+    values with their block scales, the file's values; the op's product equals the
+    dequantized weight's."""
     from kernels import cpu_native
 
     if not cpu_native.load():
@@ -83,13 +84,12 @@ def test_wide_int_blocks_are_held_exactly_as_int4_pairs(qtype: Q) -> None:
     w = rng.standard_normal((48, 128)).astype(np.float32)
     raw = _Raw(SimpleNamespace(tensor_type=qtype, shape=[128, 48], data=gguf.quants.quantize(w, qtype)), None)
     plan = plan_weights("quantized", kind="gguf", device=torch.device("cpu"), max_num_seqs=1)
-    op = _build_linear([raw], None, plan, pairs=True)
+    op = _build_linear([raw], None, plan)
     exact = torch.from_numpy(gguf.quants.dequantize(raw.data, qtype).reshape(48, 128))
-    assert op.form == "int4x2"
+    assert op.form == form
     assert rel_err(op.widen(0, 48, torch.float32), exact) < 1e-6
     x = torch.randn(3, 128)
-    assert rel_err(op(x), x @ exact.T) < int4_gemm_rtol()
-    assert _build_linear([raw], None, plan, pairs=False).form == "int8"  # requantized per row instead
+    assert rel_err(op(x), x @ exact.T) < quant_gemm_rtol(8 if form == "q8" else 5)
 
 
 def test_q5_k_decoder_matches_gguf() -> None:

@@ -18,14 +18,23 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ignis.model.gguf_quant import decode_int4, decode_q8_0
+from ignis.model.gguf_quant import decode_int4, decode_q8, decode_q8_0, decode_wide_int
 from ignis.model.lm_head import NARROW_ROWS, Int8DynamicHead, RefinedHead
 from ignis.model.loader import load_model
-from ignis.model.packed import Fp16Linear, Fp32Linear, Int4Linear, Int8Linear, wide_linear
+from ignis.model.packed import (
+    Fp16Linear,
+    Fp32Linear,
+    Int4Linear,
+    Int5Linear,
+    Int8Linear,
+    PackedLinear,
+    Q8Linear,
+    wide_linear,
+)
 from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights, wide_kind
-from kernels import cpu_platform
+from kernels import cpu_native, cpu_platform
 from kernels.cpu_platform import CpuPlatform
-from tests.model.paged_utils import flat_forward_logits, int4_gemm_rtol, rel_err
+from tests.model.paged_utils import flat_forward_logits, quant_gemm_rtol, rel_err
 from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
 
 TOL_BF16 = 5e-2
@@ -42,7 +51,7 @@ def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> 
     """Valid random raw blocks: random bytes with finite fp16 scales where the type has them."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    halves = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q8_0: 1, Q.Q4_K: 2}[qtype]
+    halves = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q8_0: 1, Q.Q4_K: 2, Q.Q5_0: 1, Q.Q5_1: 2, Q.Q5_K: 2}[qtype]
     scales = rng.uniform(-0.1, 0.1, (rows, cols // block, halves)).astype(np.float16)
     raw[..., : 2 * halves] = scales.view(np.uint8).reshape(rows, cols // block, 2 * halves)
     return raw.reshape(rows, -1)
@@ -109,7 +118,7 @@ def test_wide_steps_widen_the_quantized_weight(n: int, widen_to: torch.dtype, mo
     torch.testing.assert_close(i4.widen(0, n, torch.float32), dense, rtol=1e-6, atol=1e-7)  # the file's values
     if i4.native:
         eye = torch.eye(128)
-        assert torch.equal(torch.ops.ignis_cpu.int4_gemm(eye, i4.nibbles, i4.scales_offsets).t(),
+        assert torch.equal(torch.ops.ignis_cpu.quant_gemm(eye, i4.nibbles, None, i4.scales_offsets, 4).t(),
                            i4.widen(0, n, torch.float32))
     want4 = F.linear(xd, i4.widen(0, n, widen_to)).float() + bias
     w8 = (i8.weight.float() * i8.scale.float()[:, None]).to(widen_to)
@@ -129,10 +138,10 @@ def test_wide_steps_widen_the_quantized_weight(n: int, widen_to: torch.dtype, mo
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 255])
 def test_int4_gemm_is_the_file_weight_times_x(rows: int) -> None:
     """Steps under WIDEN_ROWS rows: the native int4 GEMM (fp32 activations, every weight row
-    count and row block; on the AVX2 tier x as int16 per group of 32, int4_gemm.h: within
+    count and row block; on the AVX2 tier x as int16 per group of 32, quant_gemm.h: within
     2^-15 of each group's largest), and torch's int4 GEMM where the op is not built (bf16
     activations and scales: bf16's error)."""
-    rtol = int4_gemm_rtol()
+    rtol = quant_gemm_rtol()
     rng = np.random.default_rng(rows)
     for n in (1, 7, 64, 100):
         raw = _random_blocks(rng, n, 96, Q.Q4_0)
@@ -145,6 +154,56 @@ def test_int4_gemm_is_the_file_weight_times_x(rows: int) -> None:
             torch.testing.assert_close(native(x), want, rtol=rtol, atol=rtol * want.abs().max().item())
         if n % 16 == 0:  # torch's packing takes row counts that 16 divides
             assert rel_err(Int4Linear(q, s, o, None, native=False)(x), want) < 2e-2
+
+
+@pytest.mark.skipif(not cpu_native.load(), reason="the native op is not built here")
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q8_0, Q.Q4_0])
+def test_int5_and_q8_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
+    """The int5 form (Q5_x) and the q8 form (Q8_0, Q4_0 as d * signed byte) hold the file's
+    values bit for bit (widened, and read through their GEMM on identity rows), and multiply
+    any row count within the tier's rounding (kernels/cpu/quant_gemm.h)."""
+    rng = np.random.default_rng(int(qtype))
+    rtol = quant_gemm_rtol(8 if qtype in (Q.Q8_0, Q.Q4_0) else 5)
+    k = 256
+    for n in (1, 7, 64, 100):
+        raw = _random_blocks(rng, n, k, qtype)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(n, k))
+        if qtype in (Q.Q8_0, Q.Q4_0):
+            q, d = decode_q8(raw, qtype, k)
+            op: PackedLinear = Q8Linear(torch.from_numpy(q), torch.from_numpy(d), None)
+        else:
+            op = Int5Linear(*decode_wide_int(raw, qtype, k), None)
+        torch.testing.assert_close(op.widen(0, n, torch.float32), dense, rtol=1e-6, atol=1e-7)
+        eye = torch.eye(k)
+        through = torch.cat([op(eye[:128]), op(eye[128:])]).t()  # under WIDEN_ROWS: the GEMM itself
+        assert torch.equal(through, op.widen(0, n, torch.float32))
+        for rows in (1, 2, 3, 4, 5, 9, 17):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            want = (x.double() @ dense.double().t()).float()
+            torch.testing.assert_close(op(x), want, rtol=rtol, atol=rtol * want.abs().max().item())
+
+
+@pytest.mark.skipif(not cpu_native.load(), reason="the native op is not built here")
+def test_block_types_pick_the_narrowest_exact_form() -> None:
+    """Per fused weight: all 4-bit blocks int4; 5-bit (with 4-bit) int5; Q8_0 with Q5_0 / Q4_0
+    (Gemma's q|k|v) q8; Q8_0 beside Q4_K int4 pairs; Q6_K torch's int8."""
+    from ignis.model.packed import _build_linear, _Raw
+    from ignis.model.weight_plan import WeightPlan
+
+    rng = np.random.default_rng(9)
+
+    def part(qtype: Q) -> _Raw:
+        return _Raw(None, None, qtype=qtype, shape=(8, 256), data=_random_blocks(rng, 8, 256, qtype))
+
+    plan = WeightPlan("quantized", int4=True)
+    cases = {("Q4_K", "Q4_0"): "int4", ("Q5_0", "Q4_K"): "int5", ("Q5_K",): "int5", ("Q5_0", "Q8_0"): "q8",
+             ("Q8_0",): "q8", ("Q8_0", "Q4_K"): "int4x2"}
+    for types, form in cases.items():
+        parts = [part(Q[t]) for t in types]
+        op = _build_linear(parts, None, plan)
+        assert op.form == form, types
+        dense = torch.from_numpy(np.concatenate([p.dense() for p in parts]))
+        torch.testing.assert_close(op.widen(0, dense.shape[0], torch.float32), dense, rtol=1e-6, atol=1e-7)
 
 
 def test_mixed_op_picks_its_gemm_by_rows() -> None:
@@ -306,3 +365,25 @@ def test_one_user_model_skips_the_wide_head(tmp_path: Path) -> None:
     many = load_model(path, progress=False, weight_form="quantized", max_num_seqs=64).model.head_op
     assert isinstance(one.narrow, Int8DynamicHead) and one.wide is None
     assert isinstance(many.narrow, Int8DynamicHead) and many.wide.form == WIDE
+
+
+@pytest.mark.skipif(not cpu_native.load(), reason="the native op is not built here")
+def test_large_q8_table_is_its_own_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tied Q8_0 table of Q8_HEAD_MIN_BYTES or more is the few-row head itself (the q8 GEMM
+    over the embedding's own tensors: no second copy), and its logits are the float32
+    model's to fp32 rounding at the top (refined) and to the q8 GEMM's int16 rounding below."""
+    from ignis.model import packed
+
+    model_dir = build_tiny_model(tmp_path / "llama", "llama", intermediate_size=128, num_heads=4, num_kv_heads=2,
+                                 tie_word_embeddings=True)
+    path = str(build_tiny_gguf(model_dir, tmp_path / "llama.gguf", {"embd": Q.Q8_0, "attn": Q.Q4_1, "ffn": Q.Q4_1}))
+    monkeypatch.setattr(packed, "Q8_HEAD_MIN_BYTES", 0)
+    model = load_model(path, progress=False, weight_form="quantized", max_num_seqs=1).model
+    head = model.head_op
+    assert isinstance(head.narrow, Q8Linear) and head.wide is None
+    assert head.narrow.q is model.embed_op.q and head.narrow.d is model.embed_op.scale  # shared, not copied
+    x = torch.randn(3, head.narrow.in_features)
+    exact = x.double() @ model.embed_op.dense().double().t()
+    got = head(x)
+    assert rel_err(got, exact) < quant_gemm_rtol(8)
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))

@@ -249,7 +249,9 @@ def llama_cpp_permute(w: Any, n_head: int) -> Any:
 def build_tiny_gguf(model_dir: Path, out: Path, qtypes: dict[str, Any] | None = None) -> Path:
     """Convert a tiny HF checkpoint (from build_tiny_model) to GGUF the way llama.cpp does:
     "llama" gets permuted Q/K rows, "qwen2"/"qwen3" do not. 2-D weights are stored as
-    qtypes[kind] (kind: "embd", "attn", "ffn", "output"; default F32), norms and biases F32.
+    qtypes[kind] (kind: "embd", "attn", "ffn", "output"; default F32), or qtypes[tensor]
+    for one tensor of every layer ("attn_v", "ffn_down": as Q4_K_M files mix types), norms
+    and biases F32.
     Tokenizer metadata (gpt2 BPE, ChatML template) comes from the directory's tokenizer."""
     import gguf
     import numpy as np
@@ -312,7 +314,9 @@ def build_tiny_gguf(model_dir: Path, out: Path, qtypes: dict[str, Any] | None = 
 
     def put(name: str, t: Any, kind: str) -> None:
         t = np.ascontiguousarray(t.astype(np.float32))
-        q = qtypes.get(kind, gguf.GGMLQuantizationType.F32) if t.ndim == 2 else gguf.GGMLQuantizationType.F32
+        tensor = name.split(".")[-2]  # blk.0.attn_v.weight -> attn_v
+        q = qtypes.get(tensor, qtypes.get(kind, gguf.GGMLQuantizationType.F32))
+        q = q if t.ndim == 2 else gguf.GGMLQuantizationType.F32
         if q == gguf.GGMLQuantizationType.F32:
             w.add_tensor(name, t)
         elif q == gguf.GGMLQuantizationType.F16:

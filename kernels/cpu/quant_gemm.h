@@ -1,0 +1,387 @@
+// Weight-only GEMMs over small-integer weights in layouts of ignis's own: y [T, N] = x [T, K]
+// @ W^T, fp32 in and out, for the few rows of decode steps (and anything under the widening
+// threshold). Each format holds a family of GGUF blocks' values exactly (ignis/model/packed.py
+// builds them); g = k / 32:
+//
+//   kQ4  W[n, k] = q * s[n, g] + o[n, g], q in [0, 16) (Q4_0, Q4_1, Q4_K):
+//        q: nibbles [N, K/2] uint8, byte i of a row holding element 2i (low) and 2i + 1 (high)
+//        so: [N, K/32, 2] fp32 (s, o)
+//   kQ5  the same with q in [0, 32) (Q5_0, Q5_1, Q5_K, and Q4 blocks beside them): the
+//        nibbles hold q's low four bits, qh [N, K/32] uint32 the fifth: bit i of a group's
+//        word that of its element 2i, bit 16 + i that of element 2i + 1
+//   kQ8  W[n, k] = q * d[n, g], q int8 (Q8_0's blocks split into values and scales):
+//        q: [N, K] int8 in order, d: [N, K/32] fp16. An embedding table of Q8_0 is exactly
+//        this, so a tied head multiplies by the lookup table itself.
+//
+// It replaces torch's int4 GEMM, whose packing is private and differs between CPUs, and
+// holds 5- and 8-bit blocks at 0.875 and 1.06 bytes a weight. Activations stay fp32 (torch's
+// takes bf16). Per row and group: sum_k W x = s * sum_k q x + o * sum_k x, so for kQ4/kQ5 x
+// is split once per call into its even and odd elements (the nibbles' order) and its group
+// sums, and the inner loop widens 32 values of each of several weight rows and multiplies them
+// into up to four rows of x at once. AVX-512: a table of the group's 16 (kQ4) or 32 (kQ5)
+// possible weights q * s + o, looked up by the nibbles (vpermps / vpermt2ps: no int-to-float
+// conversion, the offset comes with the weight); kQ8 widens its bytes to fp32. AVX2+FMA and
+// portable bodies beside.
+//
+// AVX2 has no such lookup, and widening values to fp32 (convert, scale, FMA) costs three
+// floating-point operations per eight weights. There x is also held as int16 per group of 32,
+// scaled by a power of two (x = xq * 2^e, |xq| < 2^15: a relative error under 2^-15 of the
+// group's largest |x|, some 250x finer than bf16's), the values are multiplied into it with
+// integer multiply-adds (16 products an instruction, exact in int32), and each group's sum
+// is scaled once: s * 2^e * sum_k q xq. A power of two keeps x's exact values where they fit
+// (the identity's ones, zeros) and the scaling exact.
+
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+namespace qgemm {
+
+constexpr int64_t kGroup = 32;
+
+enum Format : int64_t { kQ4 = 4, kQ5 = 5, kQ8 = 8 };
+
+struct Weights {
+  Format format;
+  const uint8_t* q;    // kQ4/kQ5: nibbles [N, K/2]; kQ8: int8 values [N, K]
+  const uint32_t* qh;  // kQ5: fifth bits [N, K/32]
+  const float* so;     // kQ4/kQ5: (s, o) [N, K/32, 2]
+  const uint16_t* d;   // kQ8: fp16 scales [N, K/32]
+  int64_t N, K;
+};
+
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define IGNIS_QGEMM_INT16_X 1
+#endif
+
+// Whether a format reads x as int16 (below): kQ8 wherever AVX2 is, kQ4/kQ5 on AVX2 without
+// AVX-512 (AVX-512 looks their weights up as fp32 instead).
+constexpr bool int16_x(Format f) {
+#if defined(__AVX512F__)
+  return f == kQ8;
+#elif IGNIS_QGEMM_INT16_X
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x as the format reads it. kQ4/kQ5 ("interleaved"): xe [T, K/2] (x[2i]), xo [T, K/2]
+// (x[2i+1]), xs [T, G] (group sums, from fp32 x); kQ8: x itself. As int16 (int16_x): per
+// group, xq [T, K] (interleaved: the 16 even then the 16 odd elements; kQ8: in order) and
+// the power of two that scales them, xp [T, G], in place of xe, xo and x.
+struct Split {
+  std::vector<float> xe, xo, xs;
+  const float* xn = nullptr;
+  std::vector<int16_t> xq;
+  std::vector<float> xp;
+  int64_t T, K, K2, G;
+
+  Split(const float* x, int64_t T_, int64_t K_, bool interleaved, bool int16) : T(T_), K(K_), K2(K_ / 2), G(K_ / kGroup) {
+    if (interleaved) xs.assign(T * G, 0.0f);
+    if (int16) {
+      xq.resize(T * K);
+      xp.resize(T * G);
+    } else if (interleaved) {
+      xe.resize(T * K2);
+      xo.resize(T * K2);
+    } else {
+      xn = x;
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const float* r = x + t * K;
+      if (int16) {
+        for (int64_t g = 0; g < G; ++g) to_int16(r + g * kGroup, interleaved, xq.data() + t * K + g * kGroup, &xp[t * G + g]);
+      } else if (interleaved) {
+        for (int64_t i = 0; i < K2; ++i) {
+          xe[t * K2 + i] = r[2 * i];
+          xo[t * K2 + i] = r[2 * i + 1];
+        }
+      }
+      if (!interleaved) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        float s = 0.0f;
+        for (int64_t k = 0; k < kGroup; ++k) s += r[g * kGroup + k];
+        xs[t * G + g] = s;
+      }
+    }
+  }
+
+  // One group of 32 as int16 (interleaved or in order) and its power of two.
+  static void to_int16(const float* v, bool interleaved, int16_t* out, float* power) {
+#if IGNIS_QGEMM_INT16_X
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m256 f[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      f[j] = _mm256_loadu_ps(v + 8 * j);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, f[j]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    // The smallest 2^e with amax / 2^e < 2^15 (rounding may reach 32768: packs saturates).
+    int e = 0;
+    if (amax > 0.0f) {
+      std::frexp(amax, &e);  // amax = m * 2^e, m in [0.5, 1): amax < 2^e
+      e -= 15;
+    }
+    const __m256 scale = _mm256_set1_ps(std::ldexp(1.0f, -e));
+    __m256i i[4];
+    for (int j = 0; j < 4; ++j) {  // rounded to nearest
+      i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(f[j], scale));
+      if (interleaved) i[j] = _mm256_permutevar8x32_epi32(i[j], evens_first);  // 4 even, then 4 odd
+    }
+    const __m256i a = _mm256_packs_epi32(i[0], i[1]), b = _mm256_packs_epi32(i[2], i[3]);
+    if (interleaved) {  // a, b: [evens | odds] of their 16
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(a, b, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute2x128_si256(a, b, 0x31));
+    } else {  // packs interleaves 128-bit lanes: 64-bit quarters 0, 2, 1, 3 restore the order
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute4x64_epi64(a, 0xD8));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permute4x64_epi64(b, 0xD8));
+    }
+    *power = std::ldexp(1.0f, e);
+#else
+    (void)v, (void)interleaved, (void)out, (void)power;  // int16_x() is false without AVX2
+#endif
+  }
+};
+
+// NB weight rows from n0 against TB rows of x from t0: y[t0 + t, n0 + r]. Few weight rows
+// at a time read the weights as few sequential streams (eight rows interleaved were eight,
+// and ran at 60% of the read bandwidth at one row of x); each output keeps two accumulators,
+// even and odd groups, so its FMAs are not one dependent chain. Every output is the same sum
+// in the same order whatever NB and TB are: results do not depend on how many rows a step
+// has (speculative drafts are checked against plain decoding's results).
+template <Format F, int NB, int TB>
+inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, float* y) {
+  const int64_t K = x.K, K2 = x.K2, G = x.G;
+  float zero[NB][TB] = {};
+  float dot[NB][TB];
+#if defined(__AVX512F__)
+  __m512 acc[2][NB][TB];
+  for (int r = 0; r < NB; ++r)
+    for (int t = 0; t < TB; ++t) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
+  if constexpr (F == kQ8) {
+    // 32 int8 weights widened to int16 against x's 32 int16 (Split), 16 pairwise products
+    // summed an instruction (exact in int32), each group's sums scaled once: d * 2^e.
+    const auto step = [&](int64_t g, __m512 (&c)[NB][TB]) __attribute__((always_inline)) {
+      __m512i a[TB];
+      for (int t = 0; t < TB; ++t) a[t] = _mm512_loadu_si512(x.xq.data() + (t0 + t) * K + kGroup * g);
+      for (int r = 0; r < NB; ++r) {
+        const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + (n0 + r) * K + kGroup * g;
+        const __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+        const float d = half_to_float(w.d[(n0 + r) * G + g]);
+        for (int t = 0; t < TB; ++t)
+          c[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(v, a[t])),
+                                    _mm512_set1_ps(d * x.xp[(t0 + t) * G + g]), c[r][t]);
+      }
+    };
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2) {
+      step(g, acc[0]);
+      step(g + 1, acc[1]);
+    }
+    if (g < G) step(g, acc[0]);
+  } else {
+    // Each group's possible weights q * s + o as a table (16 entries, or 32 in two registers),
+    // looked up by the values: no int-to-float conversion, and the offset comes with the weight.
+    const __m512i low = _mm512_set1_epi32(15), sixteen = _mm512_set1_epi32(16);
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 iota16 = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
+    const auto step = [&](int64_t g, __m512 (&c)[NB][TB]) __attribute__((always_inline)) {
+      __m512 e[TB], o[TB];
+      for (int t = 0; t < TB; ++t) {
+        e[t] = _mm512_loadu_ps(x.xe.data() + (t0 + t) * K2 + 16 * g);
+        o[t] = _mm512_loadu_ps(x.xo.data() + (t0 + t) * K2 + 16 * g);
+      }
+      for (int r = 0; r < NB; ++r) {
+        const int64_t n = n0 + r;
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + n * K2 + 16 * g)));
+        const float* so = w.so + (n * G + g) * 2;
+        const __m512 s = _mm512_set1_ps(so[0]), off = _mm512_set1_ps(so[1]);
+        const __m512 table = _mm512_fmadd_ps(iota, s, off);
+        __m512 lo, hi;
+        if constexpr (F == kQ4) {
+          lo = _mm512_permutexvar_ps(_mm512_and_si512(b, low), table);
+          hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+        } else {
+          const uint32_t bits = w.qh[n * G + g];
+          const __m512i il = _mm512_and_si512(b, low), ih = _mm512_srli_epi32(b, 4);
+          const __m512i jl = _mm512_mask_or_epi32(il, __mmask16(bits & 0xFFFF), il, sixteen);
+          const __m512i jh = _mm512_mask_or_epi32(ih, __mmask16(bits >> 16), ih, sixteen);
+          const __m512 table16 = _mm512_fmadd_ps(iota16, s, off);
+          lo = _mm512_permutex2var_ps(table, jl, table16);
+          hi = _mm512_permutex2var_ps(table, jh, table16);
+        }
+        for (int t = 0; t < TB; ++t) c[r][t] = _mm512_fmadd_ps(hi, o[t], _mm512_fmadd_ps(lo, e[t], c[r][t]));
+      }
+    };
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2) {
+      step(g, acc[0]);
+      step(g + 1, acc[1]);
+    }
+    if (g < G) step(g, acc[0]);
+  }
+  for (int r = 0; r < NB; ++r)
+    for (int t = 0; t < TB; ++t) dot[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
+#else
+  static_assert(NB == 1, "one weight row at a time below AVX-512");
+  const int64_t n = n0;
+  if constexpr (F != kQ8) {  // the o * sum(x) terms (the AVX-512 tables hold the offsets)
+    const float* so = w.so + n * G * 2;
+    for (int t = 0; t < TB; ++t) {
+      const float* xs = x.xs.data() + (t0 + t) * G;
+      float z = 0.0f;
+      for (int64_t g = 0; g < G; ++g) z += so[2 * g + 1] * xs[g];
+      zero[0][t] = z;
+    }
+  }
+#endif
+#if !defined(__AVX512F__) && IGNIS_QGEMM_INT16_X  // (int16_x(F): every format here)
+  __m256 acc[2][TB];
+  for (int t = 0; t < TB; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi16(15), sixteen = _mm256_set1_epi16(16);
+  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                        int16_t(-32768));
+  const auto step = [&](int64_t g, __m256 (&c)[TB]) __attribute__((always_inline)) {
+    __m256i lo, hi;  // the group's 32 weights as int16, in the order of x's int16 (Split)
+    float scale;
+    if constexpr (F == kQ8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + n * K + kGroup * g;
+      lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+      scale = half_to_float(w.d[n * G + g]);
+    } else {
+      const uint8_t* q = w.q + n * K2 + 16 * g;
+      // 16 bytes, one a 16-bit lane: the low nibbles are the even elements, the high the odd
+      const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      lo = _mm256_and_si256(b, low);
+      hi = _mm256_srli_epi16(b, 4);
+      if constexpr (F == kQ5) {  // each lane's fifth bit, from its bit of the group's word: + 16
+        const uint32_t bits = w.qh[n * G + g];
+        const __m256i bl = _mm256_and_si256(_mm256_set1_epi16(int16_t(bits & 0xFFFF)), bit);
+        const __m256i bh = _mm256_and_si256(_mm256_set1_epi16(int16_t(bits >> 16)), bit);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(bl, bit), sixteen));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(bh, bit), sixteen));
+      }
+      scale = w.so[(n * G + g) * 2];
+    }
+    for (int t = 0; t < TB; ++t) {
+      const int16_t* xq = x.xq.data() + (t0 + t) * K + g * kGroup;
+      const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+      const __m256i o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16));
+      // |q| <= 128 times |xq| < 2^15, two a lane, 16 lanes into 8: far inside int32
+      const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo, e), _mm256_madd_epi16(hi, o));
+      c[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(scale * x.xp[(t0 + t) * G + g]), c[t]);
+    }
+  };
+  int64_t g = 0;
+  for (; g + 2 <= G; g += 2) {
+    step(g, acc[0]);
+    step(g + 1, acc[1]);
+  }
+  if (g < G) step(g, acc[0]);
+  for (int t = 0; t < TB; ++t) {
+    const __m256 a = _mm256_add_ps(acc[0][t], acc[1][t]);
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    dot[0][t] = _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
+  }
+#elif !defined(__AVX512F__)
+  for (int t = 0; t < TB; ++t) dot[0][t] = 0.0f;
+  for (int64_t g = 0; g < G; ++g) {
+    if constexpr (F == kQ8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + n * K + kGroup * g;
+      const float d = half_to_float(w.d[n * G + g]);
+      for (int t = 0; t < TB; ++t) {
+        const float* v = x.xn + (t0 + t) * K + kGroup * g;
+        float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+        for (int i = 0; i < 32; ++i) part += float(q[i]) * v[i];
+        dot[0][t] += part * d;
+      }
+    } else {
+      const uint8_t* q = w.q + n * K2 + 16 * g;
+      const float s = w.so[(n * G + g) * 2];
+      const uint32_t bits = F == kQ5 ? w.qh[n * G + g] : 0;
+      float wl[16], wh[16];
+      for (int i = 0; i < 16; ++i) {
+        wl[i] = float((q[i] & 15) | (((bits >> i) & 1) << 4)) * s;
+        wh[i] = float((q[i] >> 4) | (((bits >> (16 + i)) & 1) << 4)) * s;
+      }
+      for (int t = 0; t < TB; ++t) {
+        const float* e = x.xe.data() + (t0 + t) * K2 + 16 * g;
+        const float* o = x.xo.data() + (t0 + t) * K2 + 16 * g;
+        float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+        for (int i = 0; i < 16; ++i) part += wl[i] * e[i] + wh[i] * o[i];
+        dot[0][t] += part;
+      }
+    }
+  }
+#endif
+  for (int r = 0; r < NB; ++r)
+    for (int t = 0; t < TB; ++t) y[(t0 + t) * w.N + n0 + r] = dot[r][t] + zero[r][t];
+}
+
+// Weight rows [n0, n1) against every row of x, one weight row at a time: each group's widened
+// weights serve up to four rows of x (the widening, not the FMAs, is most of the work;
+// AVX-512 has the registers for four, AVX2 for two). Rows of x go four at a time over a few
+// weight rows, so that both stay in the first-level cache while the other is walked.
+template <Format F>
+inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64_t T, float* y) {
+  int64_t t0 = 0;
+#if defined(__AVX512F__)
+  for (; t0 + 4 <= T; t0 += 4)
+    for (int64_t n = n0; n < n1; ++n) block<F, 1, 4>(w, x, n, t0, y);
+#endif
+  for (; t0 + 2 <= T; t0 += 2)
+    for (int64_t n = n0; n < n1; ++n) block<F, 1, 2>(w, x, n, t0, y);
+  if (T - t0 == 1)
+    for (int64_t n = n0; n < n1; ++n) block<F, 1, 1>(w, x, n, t0, y);
+}
+
+// Weight rows a tile of rows() walks (8 rows of 2048 nibbles: 8 KB).
+constexpr int64_t kTileRows = 8;
+
+template <Format F>
+inline void run(const Weights& w, const float* x, int64_t T, float* y) {
+  const Split xs(x, T, w.K, F != kQ8, int16_x(F));
+  // Enough weights per task to be worth a thread; a small GEMM stays on this one.
+  const int64_t grain = std::max<int64_t>(kTileRows, (int64_t(1) << 18) / std::max<int64_t>(1, w.K * T));
+  at::parallel_for(0, w.N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n += kTileRows) rows<F>(w, xs, n, std::min(n + kTileRows, n1), T, y);
+  });
+}
+
+// y [T, N] fp32 = x [T, K] fp32 @ W^T (K a multiple of 32), output rows split over torch's threads.
+inline void gemm(const Weights& w, const float* x, int64_t T, float* y) {
+  switch (w.format) {
+    case kQ4: return run<kQ4>(w, x, T, y);
+    case kQ5: return run<kQ5>(w, x, T, y);
+    case kQ8: return run<kQ8>(w, x, T, y);
+  }
+}
+
+}  // namespace qgemm
