@@ -166,24 +166,25 @@ struct Split {
   }
 };
 
-// NB weight rows from n0 against TB rows of x from t0: y[t0 + t, n0 + r]. Few weight rows
-// at a time read the weights as few sequential streams (eight rows interleaved were eight,
-// and ran at 60% of the read bandwidth at one row of x); each output keeps two accumulators,
-// even and odd groups, so its FMAs are not one dependent chain. Every output is the same sum
-// in the same order whatever NB and TB are: results do not depend on how many rows a step
-// has (speculative drafts are checked against plain decoding's results).
+// NB weight rows from n0 against TB rows of x from t0: y[t0 + t, n0 + r]. Every output is
+// the same sum in the same order whatever NB and TB are, so results do not depend on how
+// many rows a step has (speculative drafts are checked against plain decoding's results).
+// The nibble formats on AVX-512 keep one accumulator per output and NB x TB of them in
+// flight (one row alone is a chain of dependent FMAs, latency-bound); kQ8 goes one weight
+// row at a time (rows() below) with two accumulators per output, even and odd groups: eight
+// rows of a large table interleaved were eight streams, and read at 60% of the bandwidth.
 template <Format F, int NB, int TB>
 inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, float* y) {
   const int64_t K = x.K, K2 = x.K2, G = x.G;
   float zero[NB][TB] = {};
   float dot[NB][TB];
 #if defined(__AVX512F__)
-  __m512 acc[2][NB][TB];
-  for (int r = 0; r < NB; ++r)
-    for (int t = 0; t < TB; ++t) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
   if constexpr (F == kQ8) {
     // 32 int8 weights widened to int16 against x's 32 int16 (Split), 16 pairwise products
     // summed an instruction (exact in int32), each group's sums scaled once: d * 2^e.
+    __m512 acc[2][NB][TB];
+    for (int r = 0; r < NB; ++r)
+      for (int t = 0; t < TB; ++t) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
     const auto step = [&](int64_t g, __m512 (&c)[NB][TB]) __attribute__((always_inline)) {
       __m512i a[TB];
       for (int t = 0; t < TB; ++t) a[t] = _mm512_loadu_si512(x.xq.data() + (t0 + t) * K + kGroup * g);
@@ -202,13 +203,18 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       step(g + 1, acc[1]);
     }
     if (g < G) step(g, acc[0]);
+    for (int r = 0; r < NB; ++r)
+      for (int t = 0; t < TB; ++t) dot[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
   } else {
     // Each group's possible weights q * s + o as a table (16 entries, or 32 in two registers),
     // looked up by the values: no int-to-float conversion, and the offset comes with the weight.
+    __m512 acc[NB][TB];
+    for (int r = 0; r < NB; ++r)
+      for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi32(15), sixteen = _mm512_set1_epi32(16);
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 iota16 = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
-    const auto step = [&](int64_t g, __m512 (&c)[NB][TB]) __attribute__((always_inline)) {
+    for (int64_t g = 0; g < G; ++g) {
       __m512 e[TB], o[TB];
       for (int t = 0; t < TB; ++t) {
         e[t] = _mm512_loadu_ps(x.xe.data() + (t0 + t) * K2 + 16 * g);
@@ -233,18 +239,12 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
           lo = _mm512_permutex2var_ps(table, jl, table16);
           hi = _mm512_permutex2var_ps(table, jh, table16);
         }
-        for (int t = 0; t < TB; ++t) c[r][t] = _mm512_fmadd_ps(hi, o[t], _mm512_fmadd_ps(lo, e[t], c[r][t]));
+        for (int t = 0; t < TB; ++t) acc[r][t] = _mm512_fmadd_ps(hi, o[t], _mm512_fmadd_ps(lo, e[t], acc[r][t]));
       }
-    };
-    int64_t g = 0;
-    for (; g + 2 <= G; g += 2) {
-      step(g, acc[0]);
-      step(g + 1, acc[1]);
     }
-    if (g < G) step(g, acc[0]);
+    for (int r = 0; r < NB; ++r)
+      for (int t = 0; t < TB; ++t) dot[r][t] = _mm512_reduce_add_ps(acc[r][t]);
   }
-  for (int r = 0; r < NB; ++r)
-    for (int t = 0; t < TB; ++t) dot[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
 #else
   static_assert(NB == 1, "one weight row at a time below AVX-512");
   const int64_t n = n0;
@@ -345,14 +345,28 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     for (int t = 0; t < TB; ++t) y[(t0 + t) * w.N + n0 + r] = dot[r][t] + zero[r][t];
 }
 
-// Weight rows [n0, n1) against every row of x, one weight row at a time: each group's widened
-// weights serve up to four rows of x (the widening, not the FMAs, is most of the work;
-// AVX-512 has the registers for four, AVX2 for two). Rows of x go four at a time over a few
-// weight rows, so that both stay in the first-level cache while the other is walked.
+// Weight rows [n0, n1) against every row of x. Nibble formats on AVX-512: eight weight rows
+// against two rows of x at a time, or four against four (each group's table and lookups then
+// serve four rows of x: the lookups, not the FMAs, are most of the work). kQ8, and every
+// format below AVX-512: one weight row against up to four (AVX-512) or two rows of x, rows
+// of x going over a tile of weight rows so that both stay in the first-level cache.
 template <Format F>
 inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64_t T, float* y) {
   int64_t t0 = 0;
 #if defined(__AVX512F__)
+  if constexpr (F != kQ8) {
+    int64_t n = n0;
+    for (; n + 8 <= n1; n += 8) {
+      int64_t t = 0;
+      for (; t + 4 <= T; t += 4) {
+        block<F, 4, 4>(w, x, n, t, y);
+        block<F, 4, 4>(w, x, n + 4, t, y);
+      }
+      for (; t + 2 <= T; t += 2) block<F, 8, 2>(w, x, n, t, y);
+      if (T - t == 1) block<F, 8, 1>(w, x, n, t, y);
+    }
+    n0 = n;  // the tile's last rows, one at a time below
+  }
   for (; t0 + 4 <= T; t0 += 4)
     for (int64_t n = n0; n < n1; ++n) block<F, 1, 4>(w, x, n, t0, y);
 #endif
@@ -362,14 +376,15 @@ inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64
     for (int64_t n = n0; n < n1; ++n) block<F, 1, 1>(w, x, n, t0, y);
 }
 
-// Weight rows a tile of rows() walks (8 rows of 2048 nibbles: 8 KB).
+// Weight rows a tile of rows() walks (a multiple of the nibble formats' eight).
 constexpr int64_t kTileRows = 8;
 
 template <Format F>
 inline void run(const Weights& w, const float* x, int64_t T, float* y) {
   const Split xs(x, T, w.K, F != kQ8, int16_x(F));
   // Enough weights per task to be worth a thread; a small GEMM stays on this one.
-  const int64_t grain = std::max<int64_t>(kTileRows, (int64_t(1) << 18) / std::max<int64_t>(1, w.K * T));
+  const int64_t grain =
+      std::max<int64_t>(kTileRows, (int64_t(1) << 18) / std::max<int64_t>(1, w.K * T)) / kTileRows * kTileRows;
   at::parallel_for(0, w.N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n += kTileRows) rows<F>(w, xs, n, std::min(n + kTileRows, n1), T, y);
   });

@@ -151,7 +151,9 @@ def test_int4_gemm_is_the_file_weight_times_x(rows: int) -> None:
         want = (x.double() @ dense.t()).float()
         native = Int4Linear(q, s, o, None)
         if native.native:
-            torch.testing.assert_close(native(x), want, rtol=rtol, atol=rtol * want.abs().max().item())
+            got = native(x)
+            torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+            assert torch.equal(got[-1:], native(x[-1:]))  # independent of the step's other rows
         if n % 16 == 0:  # torch's packing takes row counts that 16 divides
             assert rel_err(Int4Linear(q, s, o, None, native=False)(x), want) < 2e-2
 
@@ -180,7 +182,11 @@ def test_int5_and_q8_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
         for rows in (1, 2, 3, 4, 5, 9, 17):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             want = (x.double() @ dense.double().t()).float()
-            torch.testing.assert_close(op(x), want, rtol=rtol, atol=rtol * want.abs().max().item())
+            got = op(x)
+            torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+            # Each row's result is the same whatever the step's other rows (drafts are checked
+            # against plain decoding's one-row steps)
+            assert torch.equal(got[-1:], op(x[-1:]))
 
 
 @pytest.mark.skipif(not cpu_native.load(), reason="the native op is not built here")
