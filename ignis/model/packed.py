@@ -136,12 +136,35 @@ def _fp32_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
+def _blocked(a: np.ndarray) -> np.ndarray:
+    """Per-group data [N, G, ...] in the nibble formats' row order (kernels/cpu/quant_gemm.h,
+    Weights::unit): blocks of eight rows, group-major within a block (block b's group g holds
+    its eight rows' in turn), the last N % 8 rows row by row after them. Same shape."""
+    n, g = a.shape[:2]
+    n8 = n // 8 * 8
+    head = a[:n8].reshape(n8 // 8, 8, g, *a.shape[2:]).swapaxes(1, 2)
+    return np.ascontiguousarray(np.concatenate((head.reshape(n8, g, *a.shape[2:]), a[n8:])))
+
+
+def _unblocked(t: torch.Tensor, n0: int, n1: int, groups: int) -> torch.Tensor:
+    """Rows [n0, n1) of a _blocked tensor [N, ...] (its groups-by-units view), in row order:
+    [n1 - n0, groups, unit...]."""
+    n = t.shape[0]
+    n8 = n // 8 * 8
+    units = t.reshape(n * groups, -1)
+    row = torch.arange(n0, n1)[:, None]
+    g = torch.arange(groups)[None, :]
+    idx = torch.where(row < n8, (row // 8 * groups + g) * 8 + row % 8, row * groups + g)
+    return units[idx]
+
+
 class Int4Linear(PackedLinear):
     """4-bit weights with one (scale, offset) per 32 inputs, w = q * scale + offset, held in a
     layout of ours: two values a byte (element 2i of a row in the low nibble of byte i, 2i + 1
     in the high one) and fp32 (scale, offset) pairs [N, K/32, 2] (a 4-bit block file's values
-    exactly). Steps of fewer than WIDEN_ROWS rows go through the native op's int4 GEMM over
-    exactly these (kernels/cpu/int4_gemm.h, fp32 activations) where it is built; elsewhere
+    exactly), rows in blocks of eight group by group (_blocked). Steps of fewer than
+    WIDEN_ROWS rows go through the native op's GEMM over exactly these
+    (kernels/cpu/quant_gemm.h, fp32 activations) where it is built; elsewhere
     through torch's int4 weight-only GEMM over a packing of its own, made only then (bf16
     activations and scales; its layout is private and differs between CPUs, so it is never
     read back). From WIDEN_ROWS rows the weight is widened and multiplied densely."""
@@ -150,15 +173,17 @@ class Int4Linear(PackedLinear):
 
     def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
                  widen_to: torch.dtype = torch.bfloat16, native: bool | None = None) -> None:
-        self.in_features = q.shape[1]
-        self.nibbles = torch.from_numpy(np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8))
-        self.scales_offsets = torch.from_numpy(np.ascontiguousarray(np.stack((scale, offset), axis=-1), dtype=np.float32))
+        n, k = q.shape
+        self.in_features = k
+        nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).reshape(n, k // GROUP, 16)
+        self.nibbles = torch.from_numpy(_blocked(nibbles).reshape(n, k // 2))
+        self.scales_offsets = torch.from_numpy(_blocked(np.stack((scale, offset), axis=-1).astype(np.float32)))
         self.native = cpu_native.load() if native is None else native
         self.packed: torch.Tensor | None = None
         self.torch_scales_zeros: torch.Tensor | None = None
         if not self.native:  # torch's op: int32 values in [0, 16), (q - 8) * s + z with [K/32, N, 2] bf16 (s, z)
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q.astype(np.int32)), 1)
-            so = self.scales_offsets
+            so = torch.from_numpy(np.ascontiguousarray(np.stack((scale, offset), axis=-1), dtype=np.float32))
             sz = torch.stack((so[..., 0], so[..., 1] + 8 * so[..., 0]), dim=-1)
             self.torch_scales_zeros = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
         self.widen_to = widen_to
@@ -177,9 +202,9 @@ class Int4Linear(PackedLinear):
     def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
         k = self.in_features
-        b = self.nibbles[n0:n1]
+        b = _unblocked(self.nibbles, n0, n1, k // GROUP)
         q = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, k // GROUP, GROUP)
-        so = self.scales_offsets[n0:n1]
+        so = _unblocked(self.scales_offsets, n0, n1, k // GROUP)
         w = q.float() * so[..., :1] + so[..., 1:]
         return w.view(n1 - n0, k).to(dtype)
 
@@ -197,12 +222,13 @@ class Int5Linear(PackedLinear):
                  widen_to: torch.dtype = torch.bfloat16) -> None:
         n, k = q.shape
         self.in_features = k
-        self.nibbles = torch.from_numpy(np.ascontiguousarray((q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)).astype(np.uint8))
+        nibbles = ((q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)).astype(np.uint8).reshape(n, k // GROUP, 16)
+        self.nibbles = torch.from_numpy(_blocked(nibbles).reshape(n, k // 2))
         fifth = ((q >> 4) & 1).astype(np.uint32).reshape(n, k // GROUP, GROUP)
         shifts = np.arange(16, dtype=np.uint32)
         words = (fifth[..., 0::2] << shifts).sum(axis=-1) | (fifth[..., 1::2] << (shifts + 16)).sum(axis=-1)
-        self.fifth_bits = torch.from_numpy(np.ascontiguousarray(words.astype(np.uint32)).view(np.int32))
-        self.scales_offsets = torch.from_numpy(np.ascontiguousarray(np.stack((scale, offset), axis=-1), dtype=np.float32))
+        self.fifth_bits = torch.from_numpy(_blocked(words.astype(np.uint32)).view(np.int32))
+        self.scales_offsets = torch.from_numpy(_blocked(np.stack((scale, offset), axis=-1).astype(np.float32)))
         self.widen_to = widen_to
         self.bias = bias
         self.nbytes = self.nibbles.numel() + 4 * (self.fifth_bits.numel() + self.scales_offsets.numel())
@@ -214,13 +240,13 @@ class Int5Linear(PackedLinear):
 
     def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
-        k = self.in_features
-        b = self.nibbles[n0:n1]
-        words = self.fifth_bits[n0:n1, :, None]
+        k, groups = self.in_features, self.in_features // GROUP
+        b = _unblocked(self.nibbles, n0, n1, groups)
+        words = _unblocked(self.fifth_bits, n0, n1, groups)  # [n, G, 1]
         bit = torch.arange(32, dtype=torch.int32).view(2, 16).t().reshape(32)  # element j's bit in the word
         fifth = ((words >> bit) & 1).to(torch.uint8)  # [n, G, 32] in element order
-        low = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, k // GROUP, GROUP)
-        so = self.scales_offsets[n0:n1]
+        low = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, groups, GROUP)
+        so = _unblocked(self.scales_offsets, n0, n1, groups)
         w = (low | (fifth << 4)).float() * so[..., :1] + so[..., 1:]
         return w.view(n1 - n0, k).to(dtype)
 

@@ -58,6 +58,16 @@ struct Weights {
   const float* so;     // kQ4/kQ5: (s, o) [N, K/32, 2]
   const uint16_t* d;   // kQ8: fp16 scales [N, K/32]
   int64_t N, K;
+
+  // kQ4/kQ5: where row n's group g is, in units of a group's 16 nibble bytes, (s, o) pair or
+  // fifth-bit word. Rows go in blocks of eight, group-major within a block (block b's group
+  // g: its eight rows' in turn), so the eight rows the AVX-512 body takes at once are one
+  // sequential stream (eight rows apart, they were eight: 50% of the read bandwidth when the
+  // weights come from memory); the last N % 8 rows follow row by row.
+  int64_t unit(int64_t n, int64_t g) const {
+    const int64_t G = K / kGroup, N8 = N & ~int64_t(7);
+    return n < N8 ? ((n >> 3) * G + g) * 8 + (n & 7) : n * G + g;
+  }
 };
 
 inline float half_to_float(uint16_t h) {
@@ -222,8 +232,8 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       }
       for (int r = 0; r < NB; ++r) {
         const int64_t n = n0 + r;
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + n * K2 + 16 * g)));
-        const float* so = w.so + (n * G + g) * 2;
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + 16 * w.unit(n, g))));
+        const float* so = w.so + 2 * w.unit(n, g);
         const __m512 s = _mm512_set1_ps(so[0]), off = _mm512_set1_ps(so[1]);
         const __m512 table = _mm512_fmadd_ps(iota, s, off);
         __m512 lo, hi;
@@ -231,7 +241,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
           lo = _mm512_permutexvar_ps(_mm512_and_si512(b, low), table);
           hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
         } else {
-          const uint32_t bits = w.qh[n * G + g];
+          const uint32_t bits = w.qh[w.unit(n, g)];
           const __m512i il = _mm512_and_si512(b, low), ih = _mm512_srli_epi32(b, 4);
           const __m512i jl = _mm512_mask_or_epi32(il, __mmask16(bits & 0xFFFF), il, sixteen);
           const __m512i jh = _mm512_mask_or_epi32(ih, __mmask16(bits >> 16), ih, sixteen);
@@ -249,11 +259,10 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
   static_assert(NB == 1, "one weight row at a time below AVX-512");
   const int64_t n = n0;
   if constexpr (F != kQ8) {  // the o * sum(x) terms (the AVX-512 tables hold the offsets)
-    const float* so = w.so + n * G * 2;
     for (int t = 0; t < TB; ++t) {
       const float* xs = x.xs.data() + (t0 + t) * G;
       float z = 0.0f;
-      for (int64_t g = 0; g < G; ++g) z += so[2 * g + 1] * xs[g];
+      for (int64_t g = 0; g < G; ++g) z += w.so[2 * w.unit(n, g) + 1] * xs[g];
       zero[0][t] = z;
     }
   }
@@ -273,19 +282,19 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
       scale = half_to_float(w.d[n * G + g]);
     } else {
-      const uint8_t* q = w.q + n * K2 + 16 * g;
+      const uint8_t* q = w.q + 16 * w.unit(n, g);
       // 16 bytes, one a 16-bit lane: the low nibbles are the even elements, the high the odd
       const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
       lo = _mm256_and_si256(b, low);
       hi = _mm256_srli_epi16(b, 4);
       if constexpr (F == kQ5) {  // each lane's fifth bit, from its bit of the group's word: + 16
-        const uint32_t bits = w.qh[n * G + g];
+        const uint32_t bits = w.qh[w.unit(n, g)];
         const __m256i bl = _mm256_and_si256(_mm256_set1_epi16(int16_t(bits & 0xFFFF)), bit);
         const __m256i bh = _mm256_and_si256(_mm256_set1_epi16(int16_t(bits >> 16)), bit);
         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(bl, bit), sixteen));
         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(bh, bit), sixteen));
       }
-      scale = w.so[(n * G + g) * 2];
+      scale = w.so[2 * w.unit(n, g)];
     }
     for (int t = 0; t < TB; ++t) {
       const int16_t* xq = x.xq.data() + (t0 + t) * K + g * kGroup;
@@ -309,22 +318,22 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     dot[0][t] = _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
   }
 #elif !defined(__AVX512F__)
-  for (int t = 0; t < TB; ++t) dot[0][t] = 0.0f;
+  // Sixteen lanes per row of x, summed in a fixed order at the end: elementwise loops the
+  // compiler vectorizes without reordering any sum (an `omp simd` reduction may order its
+  // sum by the code around it, and results must not depend on TB).
+  float lanes[TB][16] = {};
   for (int64_t g = 0; g < G; ++g) {
     if constexpr (F == kQ8) {
       const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + n * K + kGroup * g;
       const float d = half_to_float(w.d[n * G + g]);
       for (int t = 0; t < TB; ++t) {
         const float* v = x.xn + (t0 + t) * K + kGroup * g;
-        float part = 0.0f;
-#pragma omp simd reduction(+ : part)
-        for (int i = 0; i < 32; ++i) part += float(q[i]) * v[i];
-        dot[0][t] += part * d;
+        for (int i = 0; i < 16; ++i) lanes[t][i] += (float(q[i]) * v[i] + float(q[i + 16]) * v[i + 16]) * d;
       }
     } else {
-      const uint8_t* q = w.q + n * K2 + 16 * g;
-      const float s = w.so[(n * G + g) * 2];
-      const uint32_t bits = F == kQ5 ? w.qh[n * G + g] : 0;
+      const uint8_t* q = w.q + 16 * w.unit(n, g);
+      const float s = w.so[2 * w.unit(n, g)];
+      const uint32_t bits = F == kQ5 ? w.qh[w.unit(n, g)] : 0;
       float wl[16], wh[16];
       for (int i = 0; i < 16; ++i) {
         wl[i] = float((q[i] & 15) | (((bits >> i) & 1) << 4)) * s;
@@ -333,12 +342,14 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       for (int t = 0; t < TB; ++t) {
         const float* e = x.xe.data() + (t0 + t) * K2 + 16 * g;
         const float* o = x.xo.data() + (t0 + t) * K2 + 16 * g;
-        float part = 0.0f;
-#pragma omp simd reduction(+ : part)
-        for (int i = 0; i < 16; ++i) part += wl[i] * e[i] + wh[i] * o[i];
-        dot[0][t] += part;
+        for (int i = 0; i < 16; ++i) lanes[t][i] += wl[i] * e[i] + wh[i] * o[i];
       }
     }
+  }
+  for (int t = 0; t < TB; ++t) {
+    float sum = 0.0f;
+    for (int i = 0; i < 16; ++i) sum += lanes[t][i];
+    dot[0][t] = sum;
   }
 #endif
   for (int r = 0; r < NB; ++r)
@@ -376,7 +387,7 @@ inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64
     for (int64_t n = n0; n < n1; ++n) block<F, 1, 1>(w, x, n, t0, y);
 }
 
-// Weight rows a tile of rows() walks (a multiple of the nibble formats' eight).
+// Weight rows a tile of rows() walks (the nibble formats' blocks of eight: Weights::unit).
 constexpr int64_t kTileRows = 8;
 
 template <Format F>
@@ -385,8 +396,10 @@ inline void run(const Weights& w, const float* x, int64_t T, float* y) {
   // Enough weights per task to be worth a thread; a small GEMM stays on this one.
   const int64_t grain =
       std::max<int64_t>(kTileRows, (int64_t(1) << 18) / std::max<int64_t>(1, w.K * T)) / kTileRows * kTileRows;
-  at::parallel_for(0, w.N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; n += kTileRows) rows<F>(w, xs, n, std::min(n + kTileRows, n1), T, y);
+  // Over tiles, so that a thread's rows start at a tile (the layout's blocks of eight).
+  const int64_t tiles = (w.N + kTileRows - 1) / kTileRows;
+  at::parallel_for(0, tiles, grain / kTileRows, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) rows<F>(w, xs, b * kTileRows, std::min((b + 1) * kTileRows, w.N), T, y);
   });
 }
 
