@@ -148,10 +148,20 @@ def _blocked(a: np.ndarray) -> np.ndarray:
 
 def _unblocked(t: torch.Tensor, n0: int, n1: int, groups: int) -> torch.Tensor:
     """Rows [n0, n1) of a _blocked tensor [N, ...] (its groups-by-units view), in row order:
-    [n1 - n0, groups, unit...]."""
+    [n1 - n0, groups, unit...]. Whole blocks are a transposed view (the widening's slices
+    start on them); other ranges gather."""
     n = t.shape[0]
     n8 = n // 8 * 8
     units = t.reshape(n * groups, -1)
+    if n0 % 8 == 0 and (n1 % 8 == 0 or n1 == n):
+        b1 = max(n0, min(n1, n8))
+        u = units.shape[1]
+        head = units[n0 * groups : b1 * groups].view((b1 - n0) // 8, groups, 8, u).transpose(1, 2)
+        head = head.reshape(b1 - n0, groups, u)
+        if n1 <= n8:
+            return head
+        tail = max(n0, n8)
+        return torch.cat((head, units[tail * groups : n1 * groups].view(n1 - tail, groups, u)))
     row = torch.arange(n0, n1)[:, None]
     g = torch.arange(groups)[None, :]
     idx = torch.where(row < n8, (row // 8 * groups + g) * 8 + row % 8, row * groups + g)

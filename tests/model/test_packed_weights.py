@@ -393,3 +393,16 @@ def test_large_q8_table_is_its_own_head(tmp_path: Path, monkeypatch: pytest.Monk
     got = head(x)
     assert rel_err(got, exact) < quant_gemm_rtol(8)
     assert torch.equal(got.argmax(-1), exact.argmax(-1))
+
+
+def test_blocked_rows_come_back_in_order() -> None:
+    """The nibble formats' blocks of eight rows (packed._blocked) read back row by row, for
+    whole blocks (the widening's slices: a view) and any other range (a gather)."""
+    from ignis.model.packed import _blocked, _unblocked
+
+    for n in (1, 7, 8, 13, 64, 100):
+        a = np.random.default_rng(n).random((n, 5, 2)).astype(np.float32)
+        b = torch.from_numpy(_blocked(a))
+        for n0, n1 in ((0, n), (0, min(8, n)), (n // 8 * 8, n), (min(8, n), n), (1, n), (3, 4)):
+            if n0 < n1 <= n:
+                assert torch.equal(_unblocked(b, n0, n1, 5), torch.from_numpy(a[n0:n1])), (n, n0, n1)
