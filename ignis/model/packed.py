@@ -168,6 +168,23 @@ def _unblocked(t: torch.Tensor, n0: int, n1: int, groups: int) -> torch.Tensor:
     return units[idx]
 
 
+def _nibbles_and_pairs(q: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nibble formats' shared part, _blocked: q's low four bits two a byte (element 2i of
+    a row low, 2i + 1 high) [N, K/2] and the fp32 (scale, offset) pairs [N, K/32, 2]."""
+    n, k = q.shape
+    nibbles = ((q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)).astype(np.uint8).reshape(n, k // GROUP, 16)
+    pairs = np.stack((scale, offset), axis=-1).astype(np.float32)
+    return torch.from_numpy(_blocked(nibbles).reshape(n, k // 2)), torch.from_numpy(_blocked(pairs))
+
+
+def _low_bits_and_pairs(op: Int4Linear | Int5Linear, n0: int, n1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [n0, n1) of a nibble format in row order: the low four bits [n, G, 32] uint8 and
+    the (scale, offset) pairs [n, G, 2]."""
+    groups = op.in_features // GROUP
+    b = _unblocked(op.nibbles, n0, n1, groups)
+    return torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, groups, GROUP), _unblocked(op.scales_offsets, n0, n1, groups)
+
+
 class Int4Linear(PackedLinear):
     """4-bit weights with one (scale, offset) per 32 inputs, w = q * scale + offset, held in a
     layout of ours: two values a byte (element 2i of a row in the low nibble of byte i, 2i + 1
@@ -183,11 +200,8 @@ class Int4Linear(PackedLinear):
 
     def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
                  widen_to: torch.dtype = torch.bfloat16, native: bool | None = None) -> None:
-        n, k = q.shape
-        self.in_features = k
-        nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8).reshape(n, k // GROUP, 16)
-        self.nibbles = torch.from_numpy(_blocked(nibbles).reshape(n, k // 2))
-        self.scales_offsets = torch.from_numpy(_blocked(np.stack((scale, offset), axis=-1).astype(np.float32)))
+        self.in_features = q.shape[1]
+        self.nibbles, self.scales_offsets = _nibbles_and_pairs(q, scale, offset)
         self.native = cpu_native.load() if native is None else native
         self.packed: torch.Tensor | None = None
         self.torch_scales_zeros: torch.Tensor | None = None
@@ -211,12 +225,9 @@ class Int4Linear(PackedLinear):
 
     def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
-        k = self.in_features
-        b = _unblocked(self.nibbles, n0, n1, k // GROUP)
-        q = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, k // GROUP, GROUP)
-        so = _unblocked(self.scales_offsets, n0, n1, k // GROUP)
+        q, so = _low_bits_and_pairs(self, n0, n1)
         w = q.float() * so[..., :1] + so[..., 1:]
-        return w.view(n1 - n0, k).to(dtype)
+        return w.view(n1 - n0, self.in_features).to(dtype)
 
 
 class Int5Linear(PackedLinear):
@@ -232,13 +243,11 @@ class Int5Linear(PackedLinear):
                  widen_to: torch.dtype = torch.bfloat16) -> None:
         n, k = q.shape
         self.in_features = k
-        nibbles = ((q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)).astype(np.uint8).reshape(n, k // GROUP, 16)
-        self.nibbles = torch.from_numpy(_blocked(nibbles).reshape(n, k // 2))
+        self.nibbles, self.scales_offsets = _nibbles_and_pairs(q, scale, offset)
         fifth = ((q >> 4) & 1).astype(np.uint32).reshape(n, k // GROUP, GROUP)
         shifts = np.arange(16, dtype=np.uint32)
         words = (fifth[..., 0::2] << shifts).sum(axis=-1) | (fifth[..., 1::2] << (shifts + 16)).sum(axis=-1)
         self.fifth_bits = torch.from_numpy(_blocked(words.astype(np.uint32)).view(np.int32))
-        self.scales_offsets = torch.from_numpy(_blocked(np.stack((scale, offset), axis=-1).astype(np.float32)))
         self.widen_to = widen_to
         self.bias = bias
         self.nbytes = self.nibbles.numel() + 4 * (self.fifth_bits.numel() + self.scales_offsets.numel())
@@ -250,15 +259,12 @@ class Int5Linear(PackedLinear):
 
     def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
-        k, groups = self.in_features, self.in_features // GROUP
-        b = _unblocked(self.nibbles, n0, n1, groups)
-        words = _unblocked(self.fifth_bits, n0, n1, groups)  # [n, G, 1]
+        low, so = _low_bits_and_pairs(self, n0, n1)
+        words = _unblocked(self.fifth_bits, n0, n1, self.in_features // GROUP)  # [n, G, 1]
         bit = torch.arange(32, dtype=torch.int32).view(2, 16).t().reshape(32)  # element j's bit in the word
         fifth = ((words >> bit) & 1).to(torch.uint8)  # [n, G, 32] in element order
-        low = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, groups, GROUP)
-        so = _unblocked(self.scales_offsets, n0, n1, groups)
         w = (low | (fifth << 4)).float() * so[..., :1] + so[..., 1:]
-        return w.view(n1 - n0, k).to(dtype)
+        return w.view(n1 - n0, self.in_features).to(dtype)
 
 
 class Q8Linear(PackedLinear):
