@@ -6,7 +6,8 @@ nothing of ignis. Public ops:
   write_kv(key, value, k_cache, v_cache, slot_mapping, backend=None)
   paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
                   scale=None, sliding_window=None, out=None, backend=None,
-                  *, max_query_len=None, max_seq_len=None, num_splits=None)
+                  *, max_query_len=None, max_seq_len=None, num_splits=None, softcap=None, sinks=None)
+         -- sinks: gpt-oss's learned per-head softmax sink logits (fp32 [num_q_heads])
   sample(logits, params: SamplingTensors, return_logprobs=False, inplace_penalties=False,
          backend=None)  -- see kernels.sampling
   apply_token_bitmask_(logits, bitmask, rows, floor=-1e30, backend=None)

@@ -66,6 +66,7 @@ def paged_attention_triton(
     num_splits: int | None = None,
     config: TileConfig | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton paged attention with the contract of `paged_attention_ref`.
 
@@ -76,7 +77,7 @@ def paged_attention_triton(
     Rows of q outside query_start_loc[0]:query_start_loc[-1] belong to no sequence and are
     left as they are in `out` (query_start_loc[0] may be > 0).
     """
-    _check_args(q, k_cache, v_cache, sliding_window, softcap)
+    _check_args(q, k_cache, v_cache, sliding_window, softcap, sinks)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if out is None:
@@ -106,10 +107,14 @@ def paged_attention_triton(
 
     part_m, part_l, part_acc = _partials(out, num_splits, head_dim_pad)
     scale = head_dim**-0.5 if scale is None else scale
+    if sinks is not None:
+        sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
+    sinks_arg = out if sinks is None else sinks  # a placeholder pointer without sinks
     paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out,
         block_tables, query_start_loc, seq_lens,
         part_m, part_l, part_acc,
+        sinks_arg,
         # With soft-capping the kernel caps the plain score, then goes to base 2 itself.
         scale if softcap is not None else scale * _LOG2E,
         sliding_window or 0,
@@ -127,29 +132,33 @@ def paged_attention_triton(
         NUM_SPLITS=num_splits,
         USE_WINDOW=sliding_window is not None,
         SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         UPCAST=interpreting(),
         FP32_DOT=q.dtype == torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if num_splits > 1:
-        _combine(part_m, part_l, part_acc, out, query_start_loc, num_seqs, head_dim_pad)
+        _combine(part_m, part_l, part_acc, out, query_start_loc, num_seqs, head_dim_pad, sinks)
     return out
 
 
 def _combine(
     part_m: torch.Tensor, part_l: torch.Tensor, part_acc: torch.Tensor, out: torch.Tensor,
-    query_start_loc: torch.Tensor, num_seqs: int, head_dim_pad: int,
+    query_start_loc: torch.Tensor, num_seqs: int, head_dim_pad: int, sinks: torch.Tensor | None = None,
 ) -> None:
-    """Merge the split-KV partials [tokens, heads, splits, ...] into `out` (a second launch)."""
+    """Merge the split-KV partials [tokens, heads, splits, ...] into `out` (a second launch);
+    sinks (fp32, contiguous) join each row's denominator here."""
     num_tokens, num_q_heads, num_splits = part_m.shape
     combine_splits_kernel[(num_tokens, num_q_heads)](
         part_m, part_l, part_acc, out, query_start_loc,
+        part_m if sinks is None else sinks,
         num_seqs, num_q_heads, out.shape[2],
         *out.stride(),
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim_pad,
+        HAS_SINKS=sinks is not None,
         num_warps=4 if head_dim_pad >= 128 else 2,
     )
 
@@ -166,7 +175,7 @@ def _partials(out: torch.Tensor, num_splits: int, head_dim_pad: int) -> tuple[to
 
 
 def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sliding_window: int | None,
-                softcap: float | None = None) -> None:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> None:
     num_q_heads, head_dim, num_kv_heads = q.shape[1], q.shape[2], k_cache.shape[2]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} kv heads")
@@ -178,6 +187,8 @@ def _check_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be > 0, got {softcap}")
+    if sinks is not None and tuple(sinks.shape) != (num_q_heads,):
+        raise ValueError(f"sinks must have shape [num_q_heads] = [{num_q_heads}], got {tuple(sinks.shape)}")
 
 
 def _auto_splits(
@@ -209,9 +220,10 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q over the paged caches (see paged_attention_ref for the layout;
-    softcap: Gemma 2's score soft-capping).
+    softcap: Gemma 2's score soft-capping; sinks: gpt-oss's per-head sink logits).
 
     The keyword-only hints are used by the Triton path only: pass max_query_len and
     max_seq_len as Python ints to avoid host syncs; num_splits forces (n > 1) or
@@ -221,9 +233,10 @@ def paged_attention(
         return paged_attention_triton(
             q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window, out,
             max_query_len=max_query_len, max_seq_len=max_seq_len, num_splits=num_splits, softcap=softcap,
+            sinks=sinks,
         )
     return paged_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, sliding_window, out,
-                               softcap)
+                               softcap, sinks)
 
 
 __all__ = ["TileConfig", "paged_attention", "paged_attention_triton", "tile_config"]

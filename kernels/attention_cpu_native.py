@@ -8,7 +8,8 @@ of a decode step (experiments/RESULTS.md). The native op reads each row's keys i
 from its blocks, exactly its length (or window), split over keys across threads. Prefill
 rows are CpuAttention's as before (as is everything when q is not fp32, or the cache
 neither fp32 nor bf16).
-Soft-capped scores (Gemma 2) take the eager path too. Same constructor and call.
+Soft-capped scores (Gemma 2) take the eager path too; attention sinks (gpt-oss) go to the op.
+Same constructor and call.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class NativeCpuAttention:
         out: torch.Tensor | None = None,
         backend: object = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
         **hints: object,
     ) -> torch.Tensor:
         d = self.num_decodes
@@ -50,11 +52,12 @@ class NativeCpuAttention:
             if self._eager is None:
                 self._eager = CpuAttention(self.block_tables, self.query_start_loc, self.seq_lens, **self._eager_sizes)
             return self._eager(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                               sliding_window, out, softcap=softcap)
+                               sliding_window, out, softcap=softcap, sinks=sinks)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
+        sink_arg = None if sinks is None else sinks.float().contiguous()
         o = torch.ops.ignis_cpu.paged_decode_attention(
             q[:d].contiguous(), k_cache, v_cache, self.block_tables[:d].contiguous(), self.seq_lens[:d].contiguous(),
-            scale, sliding_window or 0,
+            scale, sliding_window or 0, sink_arg,
         )
         if q.shape[0] == d and out is None:
             return o
@@ -63,5 +66,5 @@ class NativeCpuAttention:
         out[:d] = o
         if q.shape[0] > d:
             prefill_rows(q, k_cache, v_cache, self.block_tables, self.query_start_loc, self.seq_lens, d, scale,
-                         sliding_window, out)
+                         sliding_window, out, sinks)
         return out

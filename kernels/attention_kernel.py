@@ -10,6 +10,9 @@ With NUM_SPLITS > 1 (split-KV / flash-decoding) each program covers 1/NUM_SPLITS
 tile's key range and writes unnormalised partials (max, sum, acc) that
 `attention_split.combine_splits` reduces.
 
+HAS_SINKS (gpt-oss): a learned logit per query head joins each row's softmax denominator
+once, where the row's statistics are final (here with one split, else in the combine).
+
 Layout and masking semantics are those of `attention_ref.paged_attention_ref`. Every
 load is masked on the key range, so block-table entries past a sequence's length
 (-1 padding) are never dereferenced (the interpreter would not catch it). Rows of q
@@ -63,6 +66,7 @@ def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, qsl_ptr, seq_lens_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr,
+    sinks_ptr,  # fp32 [num_q_heads], natural log; read only under HAS_SINKS
     qk_scale,  # softmax scale * log2(e) (the plain scale with SOFTCAP)
     window,
     softcap,
@@ -82,6 +86,7 @@ def paged_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr,  # scores -> softcap * tanh(scores / softcap), then base 2
+    HAS_SINKS: tl.constexpr,
     UPCAST: tl.constexpr,
     FP32_DOT: tl.constexpr,  # fp32 inputs: tf32x3 dots on the GPU
 ):
@@ -199,6 +204,13 @@ def paged_attention_kernel(
         m_i = m_new
 
     if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            # The scores are in base 2 here (with or without SOFTCAP): so is the sink.
+            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * 1.4426950408889634
+            m_new = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - m_new)
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + tok64[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od,

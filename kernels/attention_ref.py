@@ -9,6 +9,7 @@ Layout (shared with the kernel):
                 tokens, which are its last (qsl[i+1] - qsl[i]) positions.
 A query at position p sees keys j <= p (and p - j < sliding_window when set).
 softcap (Gemma 2): each score s = scale * q.k becomes softcap * tanh(s / softcap).
+sinks (gpt-oss) [num_q_heads] fp32: a value-less logit per head in each row's softmax.
 Decode is the case q_len == 1; prefill over a cached prefix is q_len < seq_len.
 """
 
@@ -39,6 +40,7 @@ def paged_attention_ref(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
@@ -64,11 +66,17 @@ def paged_attention_ref(
         allowed = k_pos <= q_pos
         if sliding_window is not None:
             allowed &= (q_pos - k_pos) < sliding_window
-        if softcap is None:
+        if softcap is None and sinks is None:
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=allowed, scale=scale)
-        else:  # SDPA has no soft-capping: the scores by hand
+        else:  # SDPA has neither soft-capping nor sinks: the scores by hand
             s = (qi @ ki.transpose(1, 2)) * scale
-            s = torch.tanh(s / softcap) * softcap
-            o = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1) @ vi
+            if softcap is not None:
+                s = torch.tanh(s / softcap) * softcap
+            s = s.masked_fill(~allowed, float("-inf"))
+            if sinks is None:
+                o = torch.softmax(s, dim=-1) @ vi
+            else:  # the sink as one more logit column, softmaxed with the scores, then dropped
+                sink = sinks.float().to(q.device)[:, None, None].expand(-1, q_len, 1)
+                o = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1] @ vi
         out[q_start:q_end] = o.transpose(0, 1).to(out.dtype)
     return out

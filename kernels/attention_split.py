@@ -3,7 +3,7 @@
 A decode step with few sequences launches only num_seqs x kv_heads programs, too few to
 keep a GPU's memory system busy over long contexts. Splitting each key range into
 NUM_SPLITS chunks multiplies the programs; each writes (max, sum, acc) partials and
-`combine_splits` merges them exactly (log-sum-exp rescaling, base 2).
+`combine_splits` merges them exactly (log-sum-exp rescaling, base 2); attention sinks join the merged denominator.
 """
 
 from __future__ import annotations
@@ -54,11 +54,13 @@ def choose_num_splits(num_programs: int, max_seq_len: int, num_sms: int) -> int:
 @triton.jit
 def combine_splits_kernel(
     part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, qsl_ptr,
+    sinks_ptr,  # fp32 [num_q_heads], natural log; read only under HAS_SINKS
     num_seqs, num_q_heads, head_dim,
     stride_ot, stride_oh, stride_od,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     tok = tl.program_id(0)
     head = tl.program_id(1)
@@ -77,8 +79,13 @@ def combine_splits_kernel(
     m = tl.load(part_m_ptr + base + s, mask=s_ok, other=float("-inf"))
     l = tl.load(part_l_ptr + base + s, mask=s_ok, other=0.0)
     m_max = tl.max(m, 0)
+    if HAS_SINKS:  # once per row, not per split; base 2 as the partials are
+        sink = tl.load(sinks_ptr + head) * 1.4426950408889634
+        m_max = tl.maximum(m_max, sink)
     w = tl.exp2(m - m_max)  # empty splits carry m = -1e30: weight 0
     total = tl.sum(w * l, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m_max)
     acc = tl.load(
         part_acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :],
         mask=s_ok[:, None] & d_ok[None, :],

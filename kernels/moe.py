@@ -1,9 +1,11 @@
 """Mixture-of-experts ops: the grouped GEMM (Triton or reference) and the MoE block over it.
 
     weights, ids = route(router_logits, top_k, renormalize=True)
-    y = moe(x, weights, ids, w_gate_up, w_down, activation="silu")     # [T, H]
+    y = moe(x, weights, ids, w_gate_up, w_down, activation="silu",     # [T, H]
+            gate_up_bias=None, down_bias=None)                          # gpt-oss: biases, swiglu_oai
     y = grouped_gemm(x, w, expert_offsets, bias=None)                  # rows grouped by expert
 
+MXFP4 experts (gpt-oss's, kept packed on the GPU): kernels.moe_mxfp4's grouped_gemm_mxfp4, moe_mxfp4.
 Layouts are kernels.moe_ref's. `moe` runs the same composition on either backend; only
 the grouped GEMM differs. Nothing here reads a value back to the host on the Triton path.
 """
@@ -15,9 +17,9 @@ import triton
 
 from kernels.backend import Backend, interpreting, use_triton
 from kernels.moe_kernel import grouped_gemm_kernel
-from kernels.moe_ref import group_by_expert, grouped_gemm_ref, moe_ref, route
+from kernels.moe_ref import glu, group_by_expert, grouped_gemm_ref, moe_ref, route
 
-__all__ = ["group_by_expert", "grouped_gemm", "grouped_gemm_triton", "moe", "route"]
+__all__ = ["glu", "group_by_expert", "grouped_gemm", "grouped_gemm_triton", "moe", "route"]
 
 
 def grouped_gemm_triton(
@@ -86,8 +88,13 @@ def moe(
     w_down: torch.Tensor,
     activation: str = "silu",
     backend: Backend | None = None,
+    *,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
 ) -> torch.Tensor:
     """The routed experts' gated MLPs, weighted and summed per token (kernels.moe_ref.moe_ref)."""
-    if use_triton(x, backend):
-        return moe_ref(x, weights, ids, w_gate_up, w_down, activation, grouped_gemm=grouped_gemm_triton)
-    return moe_ref(x, weights, ids, w_gate_up, w_down, activation)
+    extra = dict(gate_up_bias=gate_up_bias, down_bias=down_bias, alpha=alpha, limit=limit)
+    gemm = grouped_gemm_triton if use_triton(x, backend) else grouped_gemm_ref
+    return moe_ref(x, weights, ids, w_gate_up, w_down, activation, grouped_gemm=gemm, **extra)

@@ -69,11 +69,17 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     return order, offsets
 
 
-def _act(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+def glu(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """A gated MLP's hidden activations from its gate and up halves: silu (SwiGLU),
+    gelu_tanh (GeGLU) or swiglu_oai (gpt-oss: the gate clamped above at `limit`, up clamped
+    to +-limit and offset by 1, the gate's sigmoid sharpened by `alpha`)."""
     if activation == "silu":
         return F.silu(gate) * up
     if activation == "gelu_tanh":
         return F.gelu(gate, approximate="tanh") * up
+    if activation == "swiglu_oai":
+        gate = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
     raise ValueError(f"unknown MoE activation {activation!r}")
 
 
@@ -85,16 +91,22 @@ def moe_ref(
     w_down: torch.Tensor,
     activation: str = "silu",
     grouped_gemm: GroupedGemm = grouped_gemm_ref,
+    *,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float = 7.0,
 ) -> torch.Tensor:
-    """sum_j weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)) with e = ids[t, j]:
-    x [T, H], w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I] -> [T, H]."""
+    """sum_j weights[t, j] * down_e(glu(gate_e(x_t), up_e(x_t))) with e = ids[t, j]:
+    x [T, H], w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I] -> [T, H]; optional
+    biases gate_up_bias [E, 2I], down_bias [E, H]; alpha / limit: swiglu_oai's (see glu)."""
     num_tokens, top_k = ids.shape
     order, offsets = group_by_expert(ids, w_gate_up.shape[0])
     token = order // top_k
     rows = x.index_select(0, token)
-    h = grouped_gemm(rows, w_gate_up, offsets)
+    h = grouped_gemm(rows, w_gate_up, offsets, gate_up_bias)
     gate, up = h.chunk(2, dim=-1)
-    y = grouped_gemm(_act(gate, up, activation), w_down, offsets)
+    y = grouped_gemm(glu(gate, up, activation, alpha, limit), w_down, offsets, down_bias)
     y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]
     out = torch.zeros(num_tokens, w_down.shape[1], dtype=y.dtype, device=x.device)
     return out.index_add_(0, token, y).to(x.dtype)

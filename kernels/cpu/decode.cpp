@@ -188,11 +188,11 @@ struct Gemms {
   qgemm::Weights weights(int64_t i, int64_t kind, int64_t n, int64_t k) const {
     if (kind == kQ8)
       return {qgemm::kQ8, reinterpret_cast<const uint8_t*>(narrow[i].data_ptr()), nullptr, nullptr,
-              reinterpret_cast<const uint16_t*>(narrow[i + 1].data_ptr()), n, k};
+              reinterpret_cast<const uint16_t*>(narrow[i + 1].data_ptr()), nullptr, n, k};
     if (kind == kInt5)
       return {qgemm::kQ5, narrow[i].data_ptr<uint8_t>(), reinterpret_cast<const uint32_t*>(narrow[i + 1].data_ptr()),
-              narrow[i + 2].data_ptr<float>(), nullptr, n, k};
-    return {qgemm::kQ4, narrow[i].data_ptr<uint8_t>(), nullptr, narrow[i + 1].data_ptr<float>(), nullptr, n, k};
+              narrow[i + 2].data_ptr<float>(), nullptr, nullptr, n, k};
+    return {qgemm::kQ4, narrow[i].data_ptr<uint8_t>(), nullptr, narrow[i + 1].data_ptr<float>(), nullptr, nullptr, n, k};
   }
 };
 
@@ -593,10 +593,11 @@ void attend_unit_avx2(const float* q, const KV* kc, const KV* vc, const int32_t*
 // the same shape, over the first seq_lens[t] keys of row t (the last `window` of them
 // when window > 0). Each row's keys split into units of kKeysPerUnit, spread over torch's
 // threads (attend_unit); a row's units are merged afterwards (flash-decoding's split-K).
-// KV is the cache's element type (float or bf16 bits).
+// KV is the cache's element type (float or bf16 bits). sinks (gpt-oss; nullptr: none): one
+// logit per query head that joins each row's softmax denominator, carrying no value.
 template <typename KV>
 void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables, const int32_t* seq_lens,
-               int64_t T, int64_t window, const AttnShape& a, float* o) {
+               int64_t T, int64_t window, const AttnShape& a, float* o, const float* sinks = nullptr) {
   const int64_t D = a.dim, H = a.heads;
   struct Unit { int64_t t, lo, hi; };
   std::vector<Unit> units;
@@ -649,7 +650,8 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
       if (u0 == u1) continue;  // no keys (cannot happen: the row's own key is written)
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * P]);
-      float total = 0.0f;
+      if (sinks) m = std::max(m, sinks[h]);
+      float total = sinks ? exp_approx(sinks[h] - m) : 0.0f;  // the sink enters once per row
       for (int64_t u = u0; u < u1; ++u) {
         const float* p = part + u * stride + h * P;
         const float c = exp_approx(p[0] - m);
@@ -679,13 +681,14 @@ void write_kv(const float* k, const float* v, const int64_t* slots, const at::Te
 
 // attention() over a layer's caches, for the element type they hold (fp32 or bf16).
 void attend_cache(const float* q, const at::Tensor& k_cache, const at::Tensor& v_cache, const int32_t* tables,
-                  const int32_t* seq_lens, int64_t T, int64_t window, const AttnShape& a, float* o) {
+                  const int32_t* seq_lens, int64_t T, int64_t window, const AttnShape& a, float* o,
+                  const float* sinks = nullptr) {
   if (k_cache.scalar_type() == at::kBFloat16) {
     attention(q, static_cast<const uint16_t*>(k_cache.data_ptr()), static_cast<const uint16_t*>(v_cache.data_ptr()),
-              tables, seq_lens, T, window, a, o);
+              tables, seq_lens, T, window, a, o, sinks);
   } else {
     attention(q, static_cast<const float*>(k_cache.data_ptr()), static_cast<const float*>(v_cache.data_ptr()), tables,
-              seq_lens, T, window, a, o);
+              seq_lens, T, window, a, o, sinks);
   }
 }
 
@@ -863,10 +866,11 @@ at::Tensor decode_layers(
 
 // Decode rows' paged attention alone, for steps the eager forward runs (wider batches):
 // o [T, heads, dim] for q [T, heads, dim], row t one new token of a sequence of seq_lens[t]
-// keys in the blocks of block_tables[t]; read in place, no gather and no mask.
+// keys in the blocks of block_tables[t]; read in place, no gather and no mask. sinks: None,
+// or fp32 [heads] (attention() above).
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
-                                  int64_t window) {
+                                  int64_t window, const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous fp32 [T, heads, dim]");
   const auto kv_type = k_cache.scalar_type();
   TORCH_CHECK(k_cache.dim() == 4 && (kv_type == at::kFloat || kv_type == at::kBFloat16) && k_cache.is_contiguous() &&
@@ -877,11 +881,15 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "block_tables [T, W] and seq_lens [T] must be contiguous int32");
   const int64_t T = q.size(0), heads = q.size(1), kv_heads = k_cache.size(2), D = q.size(2);
   TORCH_CHECK(k_cache.size(3) == D && heads % kv_heads == 0, "head shapes do not match");
+  if (sinks)
+    TORCH_CHECK(sinks->dim() == 1 && sinks->size(0) == heads && sinks->scalar_type() == at::kFloat &&
+                    sinks->is_contiguous(),
+                "sinks must be contiguous fp32 [heads]");
   check_indices(block_tables, seq_lens, nullptr, k_cache.size(0), k_cache.size(1), T);
   at::Tensor o = at::empty_like(q);
   const AttnShape shape{heads, kv_heads, D, k_cache.size(1), block_tables.size(1), float(scale)};
   attend_cache(q.data_ptr<float>(), k_cache, v_cache, block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), T,
-               window, shape, o.data_ptr<float>());
+               window, shape, o.data_ptr<float>(), sinks ? sinks->data_ptr<float>() : nullptr);
   return o;
 }
 
@@ -896,24 +904,30 @@ at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::op
   const int64_t K = x.size(1), G = K / qgemm::kGroup, N = q.size(0);
   TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.element_size() == 1 && q.size(1) == (bits == 8 ? K : K / 2),
               "quant_gemm: values must be contiguous bytes [N, K] (bits 8) or [N, K/2] (nibbles)");
+  // bits 4 with uint8 scales: MXFP4 (e2m1 nibbles, one e8m0 exponent per 32 inputs)
+  const bool mx4 = bits == 4 && scales.scalar_type() == at::kByte;
   if (bits == 8) {
     TORCH_CHECK(scales.dim() == 2 && scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.size(0) == N &&
                     scales.size(1) == G,
                 "quant_gemm: bits 8 takes fp16 scales [N, K/32]");
+  } else if (mx4) {
+    TORCH_CHECK(scales.dim() == 2 && scales.is_contiguous() && scales.size(0) == N && scales.size(1) == G,
+                "quant_gemm: MXFP4 (bits 4, uint8 scales) takes e8m0 exponents [N, K/32]");
   } else {
     TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == N &&
                     scales.size(1) == G && scales.size(2) == 2,
-                "quant_gemm: bits 4 and 5 take fp32 (scale, offset) pairs [N, K/32, 2]");
+                "quant_gemm: bits 4 and 5 take fp32 (scale, offset) pairs [N, K/32, 2] (or bits 4 uint8 exponents)");
   }
   TORCH_CHECK((bits == 5) == qh.has_value(), "quant_gemm: fifth bits with bits 5, and only then");
   if (qh)
     TORCH_CHECK(qh->dim() == 2 && qh->scalar_type() == at::kInt && qh->is_contiguous() && qh->size(0) == N && qh->size(1) == G,
                 "quant_gemm: fifth bits must be contiguous int32 [N, K/32]");
   at::Tensor y = at::empty({x.size(0), N}, x.options());
-  const qgemm::Weights w{qgemm::Format(bits), reinterpret_cast<const uint8_t*>(q.data_ptr()),
+  const qgemm::Weights w{mx4 ? qgemm::kMX4 : qgemm::Format(bits), reinterpret_cast<const uint8_t*>(q.data_ptr()),
                          qh ? reinterpret_cast<const uint32_t*>(qh->data_ptr()) : nullptr,
-                         bits == 8 ? nullptr : scales.data_ptr<float>(),
-                         bits == 8 ? reinterpret_cast<const uint16_t*>(scales.data_ptr()) : nullptr, N, K};
+                         bits == 8 || mx4 ? nullptr : scales.data_ptr<float>(),
+                         bits == 8 ? reinterpret_cast<const uint16_t*>(scales.data_ptr()) : nullptr,
+                         mx4 ? scales.data_ptr<uint8_t>() : nullptr, N, K};
   qgemm::gemm(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
   return y;
 }
@@ -925,7 +939,7 @@ at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::op
 TORCH_LIBRARY(ignis_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-      "float scale, int window) -> Tensor",
+      "float scale, int window, Tensor? sinks=None) -> Tensor",
       TORCH_FN(paged_decode_attention));
   m.def("quant_gemm(Tensor x, Tensor q, Tensor? qh, Tensor scales, int bits) -> Tensor", TORCH_FN(quant_gemm_op));
   m.def(

@@ -12,6 +12,9 @@
 //   kQ8  W[n, k] = q * d[n, g], q int8 (Q8_0's blocks split into values and scales):
 //        q: [N, K] int8 in order, d: [N, K/32] fp16. An embedding table of Q8_0 is exactly
 //        this, so a tied head multiplies by the lookup table itself.
+//   kMX4 W[n, k] = e2m1(q) * 2^(e[n, g] - 127) (MXFP4: gpt-oss's experts): kQ4's nibbles,
+//        each an e2m1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; bit 3 the sign),
+//        and e: [N, K/32] uint8 exponents (e8m0), laid out as kQ4's pairs: 0.53 bytes a weight.
 //
 // It replaces torch's int4 GEMM, whose packing is private and differs between CPUs, and
 // holds 5- and 8-bit blocks at 0.875 and 1.06 bytes a weight. Activations stay fp32 (torch's
@@ -19,9 +22,9 @@
 // is split once per call into its even and odd elements (the nibbles' order) and its group
 // sums, and the inner loop widens 32 values of each of several weight rows and multiplies them
 // into up to four rows of x at once. AVX-512: a table of the group's 16 (kQ4) or 32 (kQ5)
-// possible weights q * s + o, looked up by the nibbles (vpermps / vpermt2ps: no int-to-float
-// conversion, the offset comes with the weight); kQ8 widens its bytes to fp32. AVX2+FMA and
-// portable bodies beside.
+// possible weights q * s + o (kMX4: e2m1 * 2^e), looked up by the nibbles (vpermps /
+// vpermt2ps: no int-to-float conversion, the offset comes with the weight); kQ8 widens its
+// bytes to fp32. AVX2+FMA and portable bodies beside.
 //
 // AVX2 has no such lookup, and widening values to fp32 (convert, scale, FMA) costs three
 // floating-point operations per eight weights. There x is also held as int16 per group of 32,
@@ -39,6 +42,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -49,7 +53,7 @@ namespace qgemm {
 
 constexpr int64_t kGroup = 32;
 
-enum Format : int64_t { kQ4 = 4, kQ5 = 5, kQ8 = 8 };
+enum Format : int64_t { kQ4 = 4, kQ5 = 5, kQ8 = 8, kMX4 = 40 };
 
 struct Weights {
   Format format;
@@ -57,10 +61,11 @@ struct Weights {
   const uint32_t* qh;  // kQ5: fifth bits [N, K/32]
   const float* so;     // kQ4/kQ5: (s, o) [N, K/32, 2]
   const uint16_t* d;   // kQ8: fp16 scales [N, K/32]
+  const uint8_t* e;    // kMX4: e8m0 exponents [N, K/32]
   int64_t N, K;
 
-  // kQ4/kQ5: where row n's group g is, in units of a group's 16 nibble bytes, (s, o) pair or
-  // fifth-bit word. Rows go in blocks of eight, group-major within a block (block b's group
+  // kQ4/kQ5/kMX4: where row n's group g is, in units of a group's 16 nibble bytes, (s, o)
+  // pair, fifth-bit word or exponent byte. Rows go in blocks of eight, group-major within a block (block b's group
   // g: its eight rows' in turn), so the eight rows the AVX-512 body takes at once are one
   // sequential stream (eight rows apart, they were eight: 50% of the read bandwidth when the
   // weights come from memory); the last N % 8 rows follow row by row.
@@ -69,6 +74,19 @@ struct Weights {
     return n < N8 ? ((n >> 3) * G + g) * 8 + (n & 7) : n * G + g;
   }
 };
+
+// e8m0's 2^(e - 127), exactly (e = 0: 2^-127, a subnormal).
+inline float e8m0_to_float(uint8_t e) {
+  if (e == 0) return std::ldexp(1.0f, -127);
+  const uint32_t bits = uint32_t(e) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// e2m1 by nibble, and doubled (integers: what the int16 paths multiply).
+constexpr float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
@@ -224,6 +242,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     const __m512i low = _mm512_set1_epi32(15), sixteen = _mm512_set1_epi32(16);
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 iota16 = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
+    const __m512 e2m1 = _mm512_loadu_ps(kE2M1);
     for (int64_t g = 0; g < G; ++g) {
       __m512 e[TB], o[TB];
       for (int t = 0; t < TB; ++t) {
@@ -233,14 +252,20 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       for (int r = 0; r < NB; ++r) {
         const int64_t n = n0 + r;
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + 16 * w.unit(n, g))));
-        const float* so = w.so + 2 * w.unit(n, g);
-        const __m512 s = _mm512_set1_ps(so[0]), off = _mm512_set1_ps(so[1]);
-        const __m512 table = _mm512_fmadd_ps(iota, s, off);
         __m512 lo, hi;
-        if constexpr (F == kQ4) {
+        if constexpr (F == kMX4) {  // e2m1's 16 values times the group's power of two: exact
+          const __m512 table = _mm512_mul_ps(e2m1, _mm512_set1_ps(e8m0_to_float(w.e[w.unit(n, g)])));
+          lo = _mm512_permutexvar_ps(_mm512_and_si512(b, low), table);
+          hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+        } else if constexpr (F == kQ4) {
+          const float* so = w.so + 2 * w.unit(n, g);
+          const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(so[0]), _mm512_set1_ps(so[1]));
           lo = _mm512_permutexvar_ps(_mm512_and_si512(b, low), table);
           hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
         } else {
+          const float* so = w.so + 2 * w.unit(n, g);
+          const __m512 s = _mm512_set1_ps(so[0]), off = _mm512_set1_ps(so[1]);
+          const __m512 table = _mm512_fmadd_ps(iota, s, off);
           const uint32_t bits = w.qh[w.unit(n, g)];
           const __m512i il = _mm512_and_si512(b, low), ih = _mm512_srli_epi32(b, 4);
           const __m512i jl = _mm512_mask_or_epi32(il, __mmask16(bits & 0xFFFF), il, sixteen);
@@ -258,7 +283,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
 #else
   static_assert(NB == 1, "one weight row at a time below AVX-512");
   const int64_t n = n0;
-  if constexpr (F != kQ8) {  // the o * sum(x) terms (the AVX-512 tables hold the offsets)
+  if constexpr (F == kQ4 || F == kQ5) {  // the o * sum(x) terms (the AVX-512 tables hold the offsets)
     for (int t = 0; t < TB; ++t) {
       const float* xs = x.xs.data() + (t0 + t) * G;
       float z = 0.0f;
@@ -281,6 +306,15 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
       hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
       scale = half_to_float(w.d[n * G + g]);
+    } else if constexpr (F == kMX4) {
+      // e2m1 doubled (integers in [-12, 12]) by a byte shuffle, then sign-extended: the even
+      // elements from the low nibbles, the odd from the high, as x's int16 are ordered
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + 16 * w.unit(n, g)));
+      const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+      const __m128i nib = _mm_set1_epi8(15);
+      lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(lut, _mm_and_si128(raw, nib)));
+      hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(raw, 4), nib)));
+      scale = 0.5f * e8m0_to_float(w.e[w.unit(n, g)]);
     } else {
       const uint8_t* q = w.q + 16 * w.unit(n, g);
       // 16 bytes, one a 16-bit lane: the low nibbles are the even elements, the high the odd
@@ -332,12 +366,20 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       }
     } else {
       const uint8_t* q = w.q + 16 * w.unit(n, g);
-      const float s = w.so[2 * w.unit(n, g)];
-      const uint32_t bits = F == kQ5 ? w.qh[w.unit(n, g)] : 0;
       float wl[16], wh[16];
-      for (int i = 0; i < 16; ++i) {
-        wl[i] = float((q[i] & 15) | (((bits >> i) & 1) << 4)) * s;
-        wh[i] = float((q[i] >> 4) | (((bits >> (16 + i)) & 1) << 4)) * s;
+      if constexpr (F == kMX4) {
+        const float s = e8m0_to_float(w.e[w.unit(n, g)]);
+        for (int i = 0; i < 16; ++i) {
+          wl[i] = kE2M1[q[i] & 15] * s;
+          wh[i] = kE2M1[q[i] >> 4] * s;
+        }
+      } else {
+        const float s = w.so[2 * w.unit(n, g)];
+        const uint32_t bits = F == kQ5 ? w.qh[w.unit(n, g)] : 0;
+        for (int i = 0; i < 16; ++i) {
+          wl[i] = float((q[i] & 15) | (((bits >> i) & 1) << 4)) * s;
+          wh[i] = float((q[i] >> 4) | (((bits >> (16 + i)) & 1) << 4)) * s;
+        }
       }
       for (int t = 0; t < TB; ++t) {
         const float* e = x.xe.data() + (t0 + t) * K2 + 16 * g;
@@ -409,6 +451,7 @@ inline void gemm(const Weights& w, const float* x, int64_t T, float* y) {
     case kQ4: return run<kQ4>(w, x, T, y);
     case kQ5: return run<kQ5>(w, x, T, y);
     case kQ8: return run<kQ8>(w, x, T, y);
+    case kMX4: return run<kMX4>(w, x, T, y);
   }
 }
 

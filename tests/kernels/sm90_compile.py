@@ -32,6 +32,7 @@ from triton.compiler import ASTSource
 from kernels.attention import tile_config
 from kernels.attention_kernel import paged_attention_kernel
 from kernels.moe_kernel import grouped_gemm_kernel
+from kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
 from kernels.attention_split import combine_splits_kernel
 from kernels.kv_cache import _write_kv_kernel
 from kernels.sampling_tensors import GREEDY_EPS
@@ -140,17 +141,26 @@ def attention_configs(quick: bool = False):
                             )
 
 
+def sink_configs(quick: bool = False):
+    """Attention sinks (gpt-oss: head_dim 64, 8 query heads per kv head): one split, split-KV
+    decode, prefill."""
+    for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32):
+        for max_q, splits in ((1, 1), (1, 4), (4096, 1)):
+            yield dtype, 64, 64, 8, max_q, splits, True, tile_config(64, 8, max_q, dtype)
+
+
 def compile_all(quick: bool = False) -> list[dict]:
     rows = []
-    for dtype, head_dim, head_dim_pad, group_pad, max_q, splits, window, cfg in attention_configs(quick):
+    configs = [(c, False) for c in attention_configs(quick)] + [(c, True) for c in sink_configs(quick)]
+    for (dtype, head_dim, head_dim_pad, group_pad, max_q, splits, window, cfg), sinks in configs:
         ty = _TY[dtype]
         ptrs = {n: f"*{ty}" for n in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
         ptrs |= {n: "*i32" for n in ("block_tables_ptr", "qsl_ptr", "seq_lens_ptr")}
-        ptrs |= {n: "*fp32" for n in ("part_m_ptr", "part_l_ptr", "part_acc_ptr")}
+        ptrs |= {n: "*fp32" for n in ("part_m_ptr", "part_l_ptr", "part_acc_ptr", "sinks_ptr")}
         const = dict(
             BLOCK_SIZE=16, HEAD_DIM=head_dim_pad, PAD_D=head_dim != head_dim_pad, GROUP_PAD=group_pad,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DECODE=max_q <= 1, NUM_SPLITS=splits,
-            USE_WINDOW=window, SOFTCAP=False, UPCAST=False, FP32_DOT=dtype == torch.float32,
+            USE_WINDOW=window, SOFTCAP=False, HAS_SINKS=sinks, UPCAST=False, FP32_DOT=dtype == torch.float32,
             stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
         )
         # The runtime marks an int argument divisible by 16 when it is (head_dim 80 is):
@@ -159,16 +169,16 @@ def compile_all(quick: bool = False) -> list[dict]:
         k = _compile(paged_attention_kernel, ptrs, {"qk_scale", "softcap"}, const, cfg.num_warps, cfg.num_stages, divisible)
         rows.append({
             "kernel": "paged_attention", "dtype": ty, "head_dim": head_dim, "group_pad": group_pad,
-            "max_query_len": max_q, "splits": splits, "window": window, **cfg.__dict__,
+            "max_query_len": max_q, "splits": splits, "window": window, "sinks": sinks, **cfg.__dict__,
             "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k),
         })
     for dtype in (torch.bfloat16, torch.float32):
-        for head_dim_pad in (128,) if quick else (64, 128):
-            const = dict(NUM_SPLITS=5, SPLITS_PAD=8, HEAD_DIM=head_dim_pad, stride_od=1)
+        for head_dim_pad, sinks in ((128, False), (64, True)) if quick else ((64, False), (128, False), (64, True)):
+            const = dict(NUM_SPLITS=5, SPLITS_PAD=8, HEAD_DIM=head_dim_pad, HAS_SINKS=sinks, stride_od=1)
             ptrs = {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
-                    "out_ptr": f"*{_TY[dtype]}", "qsl_ptr": "*i32"}
+                    "out_ptr": f"*{_TY[dtype]}", "qsl_ptr": "*i32", "sinks_ptr": "*fp32"}
             k = _compile(combine_splits_kernel, ptrs, set(), const, 4, 1)
-            rows.append({"kernel": "combine_splits", "dtype": _TY[dtype], "head_dim": head_dim_pad,
+            rows.append({"kernel": "combine_splits", "dtype": _TY[dtype], "head_dim": head_dim_pad, "sinks": sinks,
                          "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
     for dtype in (torch.bfloat16, torch.float32):
         for head_dim, heads in ((64, 3), (128, 8)) if quick else ((64, 3), (128, 8), (80, 2)):
@@ -202,6 +212,19 @@ def compile_all(quick: bool = False) -> list[dict]:
             k = _compile(grouped_gemm_kernel, ptrs, set(), const, 4, 3)
             rows.append({"kernel": "grouped_gemm", "dtype": _TY[dtype], "bias": bias,
                          "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
+    # The MXFP4 grouped GEMM (gpt-oss's experts) at kernels.moe_mxfp4's tiles: tile_m's 16
+    # (decode) and 64 rows, K a multiple of BLOCK_K (2880 = 45 x 64: 16-byte async copies) or
+    # not. K is marked divisible by 16 as the runtime does for 2880; bias as gpt-oss has it.
+    mxfp4 = [(torch.bfloat16, 16, True), (torch.bfloat16, 64, True), (torch.bfloat16, 16, False),
+             (torch.float32, 16, True)]
+    for dtype, block_m, even_k in mxfp4 if quick else mxfp4 + [(torch.float32, 64, True), (torch.bfloat16, 32, True)]:
+        ty = f"*{_TY[dtype]}"
+        ptrs = {"x_ptr": ty, "w_ptr": "*u8", "s_ptr": "*u8", "bias_ptr": ty, "out_ptr": ty, "offsets_ptr": "*i32"}
+        const = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64, HAS_BIAS=True, UPCAST=False, EVEN_K=even_k,
+                     FP32_DOT=dtype == torch.float32, stride_xk=1, stride_sg=1, stride_bn=1, stride_on=1)
+        k = _compile(grouped_gemm_mxfp4_kernel, ptrs, set(), const, 4, 3, divisible=frozenset({"K"}))
+        rows.append({"kernel": "grouped_gemm_mxfp4", "dtype": _TY[dtype], "block_m": block_m, "even_k": even_k,
+                     "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
     return rows
 
 

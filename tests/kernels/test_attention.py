@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from kernels import paged_attention, paged_attention_ref
 from kernels.attention import TileConfig, paged_attention_triton, tile_config
 from kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits, worth_splitting
+from tests.kernels.dense_sinks import dense_sink_attention, random_sinks
 from tests.kernels.paged_batch import PagedBatch, make_paged_batch
 
 TOL = {
@@ -83,7 +84,7 @@ def check(
     )
     assert res is out
     ref = paged_attention_ref(*batch.args(), scale=scale, sliding_window=sliding_window,
-                              softcap=kwargs.get("softcap"))
+                              softcap=kwargs.get("softcap"), sinks=kwargs.get("sinks"))
     msg = f"seed={seed} seq_lens={batch.seq_lens_list} query_lens={batch.query_lens} kwargs={kwargs}"
     assert not out.isnan().any(), f"unwritten or poisoned rows: {out.isnan().any(-1).nonzero().tolist()[:8]} {msg}"
     torch.testing.assert_close(out.float(), ref.float(), **TOL[q.dtype], msg=lambda m: f"{m}\n{msg}")
@@ -372,3 +373,79 @@ def test_random_configurations(seed, draw):
     batch = batch_for(seed, mode, group, head_dim, block_size, dtype=dtype, num_seqs=rng.randint(1, 4),
                       num_kv_heads=kv_heads, fused_kv=rng.random() < 0.5)
     check(batch, seed, scale=rng.choice([None, 0.3]), sliding_window=window, num_splits=splits)
+
+
+# ---------------------------------------------------------------- attention sinks (gpt-oss)
+
+
+def _sinks_for(batch: PagedBatch, seed: int) -> torch.Tensor:
+    return random_sinks(batch.q.shape[1], torch.Generator().manual_seed(seed + 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("window", [None, 6])
+def test_reference_sinks_match_dense(seed, window, dtype):
+    """The oracle against transformers' formula (concat, softmax, drop) in float64: a mixed
+    batch of decodes, fresh prefills and prefills over a cached prefix, GQA."""
+    batch = batch_for(seed, "mixed", 3, 32, 16, dtype=dtype, num_seqs=4)
+    sinks = _sinks_for(batch, seed)
+    out = paged_attention_ref(*batch.args(), scale=0.3, sliding_window=window, sinks=sinks)
+    want = dense_sink_attention(*batch.args(), 0.3, window, sinks)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else TOL[dtype]
+    torch.testing.assert_close(out.double(), want, **tol, msg=lambda m: f"{m}\nseed={seed}")
+    plain = paged_attention_ref(*batch.args(), scale=0.3, sliding_window=window)
+    assert not torch.allclose(out.float(), plain.float(), atol=1e-2), "the sinks changed nothing"
+    assert out[:, -1].float().abs().max() < 0.05  # the head whose sink dwarfs its scores
+    # A sink far below every score is no sink: the same output as sinks=None (the old path).
+    off = paged_attention_ref(*batch.args(), scale=0.3, sliding_window=window, sinks=torch.full_like(sinks, -1e4))
+    same = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else TOL[dtype]  # bf16: an output ulp
+    torch.testing.assert_close(off.float(), plain.float(), **same)
+
+
+@pytest.mark.parametrize("mode", ["decode", "mixed"])
+def test_sinks(seed, mode):
+    """Triton: one split (the sink folded at the end of the program) over decodes, fresh
+    prefills and cached prefixes, GQA 3; against the reference and the dense formula."""
+    batch = batch_for(seed, mode, 3, 32, 16, num_kv_heads=1)
+    sinks = _sinks_for(batch, seed)
+    out = check(batch, seed, scale=0.3, sinks=sinks, num_splits=1, config=TileConfig(16, 16, 4, 1))
+    want = dense_sink_attention(*batch.args(), 0.3, None, sinks)
+    torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4, msg=lambda m: f"{m}\nseed={seed}")
+
+
+@pytest.mark.parametrize("num_splits", [3, 8])
+def test_sinks_split_kv_window(seed, num_splits):
+    """Split-KV forced: the sink enters the combine once per row (8 splits leaves some
+    empty), under a sliding window."""
+    batch = batch_for(seed, "decode", 2, 32, 16)
+    sinks = _sinks_for(batch, seed)
+    out = check(batch, seed, sinks=sinks, sliding_window=30, num_splits=num_splits, config=TileConfig(16, 16, 4, 1))
+    want = dense_sink_attention(*batch.args(), None, 30, sinks)
+    torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4, msg=lambda m: f"{m}\nseed={seed}")
+
+
+def test_sinks_bf16_softcap_window(seed):
+    """bf16 q and cache, soft-capped scores (the kernel's other base-2 route) and a window."""
+    batch = batch_for(seed, "mixed", 2, 32, 16, dtype=torch.bfloat16)
+    batch.q.mul_(4.0)
+    sinks = _sinks_for(batch, seed)
+    check(batch, seed, scale=0.3, softcap=5.0, sliding_window=9, sinks=sinks, config=TileConfig(16, 16, 4, 1))
+
+
+def test_sinks_off_equals_no_sinks(seed):
+    """sinks far below the scores: the no-sink kernel's output, with and without splits."""
+    batch = batch_for(seed, "decode", 2, 32, 16, num_seqs=2)
+    off = torch.full((batch.q.shape[1],), -1e4)
+    for splits in (1, 2):
+        plain = paged_attention_triton(*batch.args(), num_splits=splits)
+        with_off = paged_attention_triton(*batch.args(), num_splits=splits, sinks=off)
+        torch.testing.assert_close(with_off, plain, atol=1e-6, rtol=1e-6)
+
+
+def test_sinks_dispatch_and_checks(seed):
+    batch = batch_for(seed, "mixed", 2, 32, 16)
+    sinks = _sinks_for(batch, seed)
+    ref = paged_attention_ref(*batch.args(), sinks=sinks)
+    torch.testing.assert_close(paged_attention(*batch.args(), backend="torch", sinks=sinks), ref, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="sinks"):
+        paged_attention_triton(*batch.args(), sinks=sinks[:-1])

@@ -14,6 +14,7 @@ import torch
 
 from kernels import cpu_native, cpu_platform, paged_attention_ref
 from kernels.attention_cpu_native import NativeCpuAttention
+from tests.kernels.dense_sinks import dense_sink_attention, random_sinks
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,6 +114,37 @@ def test_other_dtypes_take_the_eager_path() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [16, 64])
+@pytest.mark.parametrize("window", [None, 5, 300])
+@pytest.mark.parametrize("rows", ["lone", "decodes", "decodes+prefill"])
+def test_native_sinks_match_dense(window: int | None, rows: str, dim: int, cache: str = "float32") -> None:
+    """Attention sinks (gpt-oss) in the op's merge of a row's 256-key units: against the
+    dense formula, rows shorter and longer than a unit, GQA 3, fp32 or bf16 cache (widened
+    for the oracle), prefill rows after the decodes (the eager flash path)."""
+    seq_lens, q_lens = [700, 1, 257, 9, 256, 255], [1] * 6
+    if rows == "lone":
+        seq_lens, q_lens = [700], [1]
+    elif rows == "decodes+prefill":
+        seq_lens, q_lens = [*seq_lens, 30, 12], [*q_lens, 5, 12]
+    op, (q, k, v, bt, qsl, lens) = _case(seq_lens, q_lens, dim=dim)
+    k, v = k.to(getattr(torch, cache)), v.to(getattr(torch, cache))
+    sinks = random_sinks(q.shape[1], torch.Generator().manual_seed(dim))
+    got = op(q, k, v, bt, qsl, lens, scale=0.3, sliding_window=window, sinks=sinks)
+    assert op._eager is None  # the decode rows went to the native op
+    want = dense_sink_attention(q, k.float(), v.float(), bt, qsl, lens, 0.3, window, sinks)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # A sink far below the scores is none: the output without sinks.
+    off = op(q, k, v, bt, qsl, lens, scale=0.3, sliding_window=window, sinks=torch.full_like(sinks, -1e4))
+    torch.testing.assert_close(off, op(q, k, v, bt, qsl, lens, scale=0.3, sliding_window=window), rtol=1e-5, atol=1e-5)
+
+
+def test_native_sinks_bf16_cache_and_checks() -> None:
+    test_native_sinks_match_dense(100, "decodes+prefill", 64, cache="bfloat16")
+    op, (q, k, v, bt, qsl, lens) = _case([20, 7], [1, 1])
+    with pytest.raises(RuntimeError, match="sinks must be"):
+        torch.ops.ignis_cpu.paged_decode_attention(q, k, v, bt, lens, 0.3, 0, torch.zeros(q.shape[1] - 1))
+
+
 TIERS_BELOW = [t for t in ("avx2", "portable") if cpu_platform.LEVELS.index(t) < cpu_platform.LEVELS.index(
     cpu_platform.current().host_level)]
 
@@ -139,6 +171,10 @@ t.test_bf16_cache("decodes+prefill")
 t.test_unrolled_head_dims(64)
 t.test_unrolled_head_dims(128)
 t.test_one_kv_head_and_wide_groups()
+for dim in (16, 64, 128):
+    for window in (None, 5):
+        t.test_native_sinks_match_dense(window, "decodes+prefill", dim)
+t.test_native_sinks_bf16_cache_and_checks()
 """
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "IGNIS_CPU_CAPS": tier, "IGNIS_CACHE_DIR": str(tmp_path)}

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.attention_cpu import BatchedCpuAttention
 from kernels.attention_cpu_prefill import CpuAttention, prefill_attention_cpu
 from kernels.attention_ref import paged_attention_ref
+from tests.kernels.dense_sinks import dense_sink_attention, random_sinks
 
 
 def _case(q_lens: list[int], seq_lens: list[int], heads: int, kv_heads: int, dtype: torch.dtype, bs: int = 4):
@@ -81,3 +83,61 @@ def test_bf16_cache_under_fp32_queries(q_lens, seq_lens, heads, kv_heads) -> Non
     assert (got - exact).abs().max().item() < 1e-5
     unrounded = paged_attention_ref(q, k, v, tables, qsl, lens, 0.3)
     assert (got - unrounded).abs().max().item() < 2e-2
+
+
+# -- attention sinks (gpt-oss): the flash kernels' log-sum-exp, against the dense formula
+
+
+def _sinks(heads: int) -> torch.Tensor:
+    return random_sinks(heads, torch.Generator().manual_seed(heads))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize(
+    "q_lens, seq_lens, heads, kv_heads",
+    [([7], [7], 4, 4), ([5, 9], [13, 9], 6, 2), ([3, 1, 8], [3, 30, 20], 3, 1)],
+)
+def test_prefill_sinks_match_dense(q_lens, seq_lens, heads, kv_heads, dtype, tol) -> None:
+    """No prefix (one flash call, out * sigmoid(lse - sink)) and cached prefixes (the sink a
+    third term of the merge), GQA and MQA."""
+    q, k, v, tables, qsl, lens = _case(q_lens, seq_lens, heads, kv_heads, dtype)
+    sinks = _sinks(heads)
+    got = prefill_attention_cpu(q, k, v, tables, qsl, lens, 0.3, sinks=sinks)
+    assert got.dtype == dtype
+    want = dense_sink_attention(q, k, v, tables, qsl, lens, 0.3, None, sinks)
+    assert (got.double() - want).abs().max().item() < tol
+    off = prefill_attention_cpu(q, k, v, tables, qsl, lens, 0.3, sinks=torch.full_like(sinks, -1e4))
+    plain = prefill_attention_cpu(q, k, v, tables, qsl, lens, 0.3)
+    assert (off.float() - plain.float()).abs().max().item() < (1e-6 if dtype == torch.float32 else tol)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("num_decodes", [1, 2, 3])
+@pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_attention_sinks(num_decodes, window, cache) -> None:
+    """CpuAttention and BatchedCpuAttention with sinks: the lone decode row (its own flash
+    call), the batched decode rows (a masked flash call), prefill rows after them (windowed:
+    the reference), a bf16 cache under fp32 queries; with and without an out buffer."""
+    q_lens = [1] * num_decodes + [6, 4]
+    seq_lens = [9, 5, 17][:num_decodes] + [6, 12]
+    q, k, v, tables, qsl, lens = _case(q_lens, seq_lens, 6, 2, torch.float32)
+    k, v = k.to(cache), v.to(cache)
+    sinks = _sinks(6)
+    want = dense_sink_attention(q, k, v, tables, qsl, lens, 0.25, window, sinks)
+    for cls in (CpuAttention, BatchedCpuAttention):
+        op = cls(tables, qsl, lens, num_decodes=num_decodes, decode_max_seq_len=max(seq_lens[:num_decodes]),
+                 block_size=4)
+        got = op(q, k, v, tables, qsl, lens, 0.25, window, sinks=sinks)
+        assert (got.double() - want).abs().max().item() < 1e-5, cls.__name__
+        out = torch.full_like(q, float("nan"))
+        op(q, k, v, tables, qsl, lens, 0.25, window, out, sinks=sinks)
+        assert (out.double() - want).abs().max().item() < 1e-5, cls.__name__
+        # Decode rows alone, as the engine's one-user step calls it (no out buffer).
+        d = num_decodes
+        lone = cls(tables[:d], qsl[: d + 1], lens[:d], num_decodes=d, decode_max_seq_len=max(seq_lens[:d]),
+                   block_size=4)
+        got = lone(q[:d], k, v, tables[:d], qsl[: d + 1], lens[:d], 0.25, window, sinks=sinks)
+        assert (got.double() - want[:d]).abs().max().item() < 1e-5, cls.__name__
+        plain = op(q, k, v, tables, qsl, lens, 0.25, window)
+        off = op(q, k, v, tables, qsl, lens, 0.25, window, sinks=torch.full_like(sinks, -1e4))
+        assert (off - plain).abs().max().item() < 1e-6, cls.__name__
