@@ -92,7 +92,7 @@ import json
 import re
 from dataclasses import dataclass
 from json.decoder import scanstring
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from protocol.deltas import (
     Delta,
@@ -293,6 +293,11 @@ class OutputParser:
         out: list[Delta] = []
         self._run(out, final=False)
         return coalesce(out)
+
+    def feed_output(self, text: str, token_ids: Sequence[int] = ()) -> list[Delta]:
+        """One engine output (the chat-format parser interface, ignis/server/chat_formats):
+        Hermes output is read as text, so only `text` counts."""
+        return self.feed(text) if text else []
 
     def finish(self) -> list[Delta]:
         """End of generation: flush what was held back. Later calls (and feeds) give []."""

@@ -77,6 +77,12 @@ GEMMA_TEMPLATE = (
 # A family's standard template by name (Family.chat_template), for files that ship none.
 FAMILY_TEMPLATES = {"chatml": CHATML_TEMPLATE, "gemma": GEMMA_TEMPLATE}
 
+# Family.chat_template names that are chat formats of their own, not Jinja templates
+# (ignis/server/chat_formats): the format renders every prompt, whatever template the
+# checkpoint ships (gpt-oss's harmony). Every other family's format is "hermes": its Jinja
+# template, with Hermes-style tool calls where the template has none.
+OWN_FORMATS = frozenset({"harmony"})
+
 # Names a message's reasoning may come under; transformers fills `reasoning_content` and
 # `thinking` (gpt-oss) from whichever is present, and so do we.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -208,6 +214,10 @@ class ChatTemplate:
         fallback: str | None = None,
         **special_tokens: str | None,
     ) -> None:
+        #: The chat format prompts are rendered with (ignis/server/chat_formats).
+        self.chat_format = fallback if fallback in OWN_FORMATS else "hermes"
+        if fallback in OWN_FORMATS:
+            fallback = None  # a Jinja stand-in only: ChatML
         self.is_fallback = not source
         self.fallback_name = (fallback or "chatml") if not source else None
         if self.fallback_name is not None and self.fallback_name not in FAMILY_TEMPLATES:

@@ -47,6 +47,9 @@ _END_OF_TURN_STRINGS = (
     "<|return|>",
     "<｜end▁of▁sentence｜>",
 )
+# A vocabulary with all of these speaks harmony, where `<|end|>` (Phi-3's end of turn) only
+# closes a message: analysis, then the final answer, follow in one generation.
+_HARMONY_MARKS = frozenset({"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>"})
 
 # --- pre-tokenizers -----------------------------------------------------------------------------
 # Each vocabulary's merges were learned on text split a particular way; encoding must split the
@@ -395,7 +398,10 @@ class Tokenizer:
         self.unk_token_id = self._id_or_none(unk_token)
         self.add_bos = bool(add_bos) and self.bos_token_id is not None
         eos = {i for i in (self.eos_token_id, *extra_eos_ids) if i is not None}
-        eos.update(self.added_tokens[s] for s in _END_OF_TURN_STRINGS if s in self.added_tokens)
+        ends = [s for s in _END_OF_TURN_STRINGS if s in self.added_tokens]
+        if _HARMONY_MARKS.issubset(self.added_tokens):
+            ends.remove("<|end|>")  # harmony (gpt-oss): it ends one message; <|return|> and <|call|> end the turn
+        eos.update(self.added_tokens[s] for s in ends)
         self.eos_token_ids: frozenset[int] = frozenset(eos)
 
     # --- construction ----------------------------------------------------------------------------

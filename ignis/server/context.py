@@ -17,6 +17,7 @@ from ignis.server.admission import Admission
 from ignis.server.auth import resolve_api_key
 from ignis.server.errors import model_not_found
 from ignis.server.metrics import Metrics
+from ignis.server.chat_formats import chat_format
 from ignis.server.render import Renderer
 from ignis.server.params import RequestDefaults
 
@@ -48,7 +49,7 @@ class ServerContext:
     live: LiveSettings
     api_key: str | None
     reasoning_key: bytes
-    renderer: Renderer
+    renderer: Renderer  # or another chat format's renderer (ignis/server/chat_formats)
     admission: Admission
     metrics: Metrics
     model_names: tuple[str, ...]
@@ -73,7 +74,10 @@ class ServerContext:
             reasoning_key = secrets.token_bytes(32)
         admission = Admission(engine)
         sockets: set[Any] = set()
-        renderer = Renderer(loaded.tokenizer, loaded.chat_template, reasoning=loaded.reasoning)
+        # The model family's chat format renders the prompts (Hermes: Renderer).
+        fmt = chat_format(getattr(loaded.chat_template, "chat_format", None))
+        log.info("chat format: %s", fmt.name)
+        renderer = fmt.renderer(loaded.tokenizer, loaded.chat_template, reasoning=loaded.reasoning)
         metrics = Metrics(engine, queued=lambda: admission.queued, sockets=lambda: len(sockets),
                           token_cache=renderer.token_cache)
         names = tuple(dict.fromkeys([loaded.name, *cfg.model_aliases]))

@@ -18,7 +18,6 @@ from typing import Any
 from sanic import HTTPResponse, Request
 
 from ignis.engine import SamplingParams
-from ignis.output_parser import OutputParser
 from ignis.server.access import log_client_closed, log_outcome
 from ignis.server.context import ServerContext
 from ignis.server.errors import overloaded, refusal_response, shutting_down
@@ -90,7 +89,7 @@ async def run_turn(
             emit: Emit = _discard if resp is None else _sender(resp, to_text)
             if resp is not None and start is not None:
                 await emit(start())
-            outcome = await drive(stream, OutputParser(prompt.parser), encoder, emit, tokenizer=ctx.loaded.tokenizer,
+            outcome = await drive(stream, prompt.output_parser(), encoder, emit, tokenizer=ctx.loaded.tokenizer,
                                   started=arrival, logprobs=params.logprobs, ending=ending, single_call=single_call)
             if resp is not None:
                 if trailer is not None:

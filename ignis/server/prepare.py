@@ -11,6 +11,7 @@ the engine on its own (`tool_forcing`), and the sampling fields, already filled 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ignis.engine import SamplingParams
@@ -24,7 +25,7 @@ from protocol.chat_request import ChatRequest
 from protocol.conversation import FunctionTool, ToolChoice
 from protocol.request import ResponsesRequest
 from protocol.responses_conversation import to_conversation
-from protocol.sampling import SamplingFields
+from protocol.sampling import EFFORT_THINKING, SamplingFields
 
 __all__ = ["prepare_chat", "prepare_response"]
 
@@ -46,6 +47,7 @@ def prepare_response(ctx: ServerContext, request: ResponsesRequest, *,
         conv.messages, conv.tools, conv.tool_choice,
         thinking=request.sampling.thinking, generation=generation, param="input",
         max_tokens=ctx.max_model_len - (1 if generation else 0), truncate=request.truncation == "auto",
+        effort=request.reasoning.effort if request.reasoning else None, namespaces=dict(request.namespaces),
     )
     if not generation:
         check_context(len(prompt.ids), ctx.max_model_len, "input", prewarm=True)
@@ -68,7 +70,7 @@ def prepare_chat(ctx: ServerContext, request: ChatRequest) -> tuple[Prompt, Samp
                    tool_param=tool_param)
     prompt = ctx.renderer.render(request.messages, request.tools, request.tool_choice,
                                  thinking=request.sampling.thinking, param="messages",
-                                 max_tokens=ctx.max_model_len - 1)
+                                 max_tokens=ctx.max_model_len - 1, effort=effort_of(request.sampling))
     return _constrained(
         ctx, prompt, request.tools, request.tool_choice, request.sampling, request.response_format,
         parallel=request.parallel_tool_calls, logprobs=request.logprobs, param="messages",
@@ -85,10 +87,20 @@ def _constrained(ctx: ServerContext, prompt: Prompt, tools: Sequence[FunctionToo
     check_context(len(prompt.ids), ctx.max_model_len, param)  # before any grammar compiles
     prompt = demand_calls(prompt, choice, tools)
     budget = think_budget(prompt.parser, tokenizer, sampling.thinking_budget, context=ctx.max_model_len)
-    grammar = output_grammar(prompt.parser, text_format, tools, choice, sampling, parallel=parallel,
-                             tokenizer=tokenizer, vocab_size=vocab, format_param=format_param,
-                             tool_param=tool_param, think_budget=budget)
+    grammar = None
+    if prompt.constrained:  # spelled as the prompt's chat format writes calls (Hermes unless it says)
+        grammar = output_grammar(prompt.parser, text_format, tools, choice, sampling, parallel=parallel,
+                                 tokenizer=tokenizer, vocab_size=vocab, format_param=format_param,
+                                 tool_param=tool_param, think_budget=budget, spelling=prompt.grammar)
     params = engine_params(sampling, prompt_len=len(prompt.ids), max_model_len=ctx.max_model_len,
                            logprobs=logprobs, param=param, think_budget=None if grammar else budget,
                            grammar=grammar)
+    if prompt.stop_token_ids:  # the format's own stops (harmony: <|call|>, <|return|>)
+        params = replace(params, stop_token_ids=tuple(dict.fromkeys((*params.stop_token_ids, *prompt.stop_token_ids))))
     return prompt, params
+
+
+def effort_of(sampling: SamplingFields) -> str | None:
+    """The ``reasoning_effort`` a chat request's thinking fields were folded from (None: not one of them)."""
+    wanted = (sampling.thinking, sampling.thinking_budget)
+    return next((effort for effort, pair in EFFORT_THINKING.items() if pair == wanted and effort not in ("max",)), None)

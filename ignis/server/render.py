@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ignis.model.chat_template import ChatTemplate, ChatTemplateError, PromptTooLong, encode_chat
 from ignis.model.token_cache import TokenCache, TokenCount
 from ignis.model.tokenizer import Tokenizer
-from ignis.output_parser import ParserConfig
+from ignis.output_parser import OutputParser, ParserConfig
 from ignis.server.errors import text_too_long
 from protocol.conversation import (
     ChatMessage,
@@ -64,6 +64,20 @@ class Prompt:
     parser: ParserConfig  # how to read the output (reasoning / tool tags, per request)
     truncated: int = 0  # messages dropped by truncation "auto"
     tokenized: int = 0  # tokens the tokenizer ran over (the rest came from the token cache)
+    # The chat format's output parser, built from `parser` (ignis/server/chat_formats):
+    # Hermes text through ignis.output_parser unless the format says otherwise.
+    reader: Callable[[ParserConfig], Any] = OutputParser
+    stop_token_ids: tuple[int, ...] = ()  # the format's stops, besides the model's EOS ids
+    # Whether the server's output grammar (structured.py) fits this format's output; a
+    # format it does not fit decodes unconstrained.
+    constrained: bool = True
+    # How the format spells a constrained answer (structured.CallGrammar); None: Hermes
+    # calls and think tags.
+    grammar: Any = None
+
+    def output_parser(self) -> Any:
+        """A fresh parser of this prompt's output (one per turn)."""
+        return self.reader(self.parser)
 
 
 def hermes_tools_block(tools: Sequence[FunctionTool], choice: ToolChoice) -> str:
@@ -226,9 +240,13 @@ class Renderer:
         param: str = "input",
         max_tokens: int | None = None,
         truncate: bool = False,
+        effort: str | None = None,
+        namespaces: Mapping[str, str] | None = None,
     ) -> Prompt:
         """Render and tokenize; with `truncate` (Responses ``truncation: "auto"``) drop the
-        oldest non-system messages until the prompt fits in `max_tokens`."""
+        oldest non-system messages until the prompt fits in `max_tokens`. `effort` and
+        `namespaces` (descriptions by name) are for formats that render them (harmony);
+        a Jinja template gets neither."""
         messages = list(messages)
         count = TokenCount()
         over: PromptTooLong | None = None  # set while the prompt is surely over max_tokens

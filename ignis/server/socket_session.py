@@ -63,7 +63,6 @@ from websockets.protocol import State
 
 from ignis.engine import RequestStream, SamplingParams
 from ignis.engine.async_engine import EngineDeadError
-from ignis.output_parser import OutputParser
 from ignis.server.access import access_log, log_outcome, request_id
 from ignis.server.context import ServerContext
 from ignis.server.errors import engine_unavailable, shutting_down
@@ -214,7 +213,7 @@ class SocketResponse:
                 await self._answer_prewarm(len(prompt.ids), items)
                 emit = _discard
             return await drive(
-                stream, OutputParser(prompt.parser), encoder, emit,
+                stream, prompt.output_parser(), encoder, emit,
                 tokenizer=session.ctx.loaded.tokenizer, started=self.arrival,
                 logprobs=bool(params and params.logprobs),
                 ending=TurnEnding(timeout_message=timeout_message("stream_timeout", limit)),

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from ignis.engine.grammar import JSON_OPTIONS, Grammar, GrammarError, bounded_message, ll_tokenizer
 from ignis.engine.thinking import ThinkBudget
@@ -54,7 +54,7 @@ from protocol.errors import Refusal
 from protocol.sampling import SamplingFields
 from protocol.structured import TextFormat
 
-__all__ = ["output_grammar"]
+__all__ = ["CallGrammar", "HERMES", "HermesGrammar", "output_grammar", "tool_arguments"]
 
 _ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
 _INPUT_OPEN = json.dumps('{"input": ')  # a custom tool's arguments: {"input": STRING}
@@ -103,16 +103,18 @@ def _refuse_with_grammar(sampling: SamplingFields) -> None:
                       "grammar decides where the output ends.", param="min_tokens", code="invalid_value")
 
 
-def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: Any, lt: Any,
-                tool_param: Callable[[str], str], checks: Checks) -> list[str]:
-    """Rules for one tool call block, ``call``: ``<tool_call>\\n{"name": "NAME",
-    "arguments": ARGS}\\n</tool_call>`` as the Hermes block in the system prompt teaches
-    it, ARGS the tool's schema (strict) or any JSON object; ``call_body`` is what follows
-    the opening tag."""
-    rules, names, plain = [], [], []
-    after_name = _lit(', "arguments": ')
+ToolArgs = list[tuple[list[FunctionTool], str]]  # tools and the rule of their arguments
+
+
+def tool_arguments(tools: Sequence[FunctionTool], lt: Any, tool_param: Callable[[str], str],
+                   checks: Checks) -> tuple[list[str], ToolArgs]:
+    """The rules of each tool's arguments, whatever the format spells around them: the
+    tool's schema (strict), ``{"input": STRING}`` (custom: the string its grammar accepts)
+    or, in one rule for all such tools (a grammar's symbols are bounded), any JSON object."""
+    rules: list[str] = []
+    groups: ToolArgs = []
+    plain: list[FunctionTool] = []
     for k, tool in enumerate(tools):
-        name = _lit(json.dumps(tool.name, ensure_ascii=False))
         if tool.is_custom:
             rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
             rules.append(f"input_{k}: {_custom_input(tool, lt)}")
@@ -120,14 +122,32 @@ def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: 
             checks.append(partial(_check, tool.parameters, True, lt, owner=f"function '{tool.name}'",
                                   param=tool_param(tool.name), code="invalid_function_parameters"))
             rules.append(f"args_{k}: {_json(tool.parameters, True)}")
-        else:  # any JSON object: one rule for all such tools (a grammar's symbols are bounded)
-            plain.append(name)
+        else:
+            plain.append(tool)
             continue
-        names.append(f"{name} {after_name} args_{k}")
+        groups.append(([tool], f"args_{k}"))
     if plain:
-        rules.append(f"plain_name: {' | '.join(plain)}")
         rules.append(f"any_args: {_json(_ANY_OBJECT, False)}")
-        names.append(f"plain_name {after_name} any_args")
+        groups.append((plain, "any_args"))
+    return rules, groups
+
+
+def _call_rules(tools: Sequence[FunctionTool], parser: ParserConfig, tokenizer: Any, lt: Any,
+                tool_param: Callable[[str], str], checks: Checks) -> list[str]:
+    """Rules for one tool call block, ``call``: ``<tool_call>\\n{"name": "NAME",
+    "arguments": ARGS}\\n</tool_call>`` as the Hermes block in the system prompt teaches
+    it, ARGS the tool's schema (strict) or any JSON object; ``call_body`` is what follows
+    the opening tag."""
+    rules, groups = tool_arguments(tools, lt, tool_param, checks)
+    names = []
+    after_name = _lit(', "arguments": ')
+    for group, args in groups:
+        quoted = [_lit(json.dumps(t.name, ensure_ascii=False)) for t in group]
+        if args == "any_args":
+            rules.append(f"plain_name: {' | '.join(quoted)}")
+            names.append(f"plain_name {after_name} any_args")
+        else:
+            names.append(f"{quoted[0]} {after_name} {args}")
     opening, closing = _lit('\n{"name": '), _lit("}\n")
     rules.append(f"call_body: {opening} ({' | '.join(names)}) {closing} {_tag(parser.tool_end, tokenizer)}")
     rules.append(f"call: {_tag(parser.tool_start, tokenizer)} call_body")
@@ -197,6 +217,41 @@ def _lazy_calls(parser: ParserConfig, tokenizer: Any, parallel: bool) -> tuple[s
     return "TEXT | opened WS?", rules
 
 
+class CallGrammar(Protocol):
+    """How a chat format spells a constrained answer around the shared parts (the rules
+    ``answer``, a JSON format's value, and each tool's arguments, `tool_arguments`): its
+    ``start`` rule and the rest. `mode`: "calls" (a demanded call), "answer" (a JSON
+    format, or calls when tools may be called) or "lazy" (free text, each call held)."""
+
+    def rules(self, *, mode: str, answer: bool, tools: Sequence[FunctionTool], parser: ParserConfig,
+              tokenizer: Any, lt: Any, tool_param: Callable[[str], str], checks: Checks, parallel: bool,
+              think_budget: ThinkBudget | None, thinking: bool | None) -> list[str]: ...
+
+
+class HermesGrammar:
+    """Hermes ``<tool_call>`` blocks after an optional think block (every format but harmony)."""
+
+    def rules(self, *, mode: str, answer: bool, tools: Sequence[FunctionTool], parser: ParserConfig,
+              tokenizer: Any, lt: Any, tool_param: Callable[[str], str], checks: Checks, parallel: bool,
+              think_budget: ThinkBudget | None, thinking: bool | None) -> list[str]:
+        rules: list[str] = []
+        alternatives = ["answer"] if answer else []
+        if tools:
+            rules += _call_rules(tools, parser, tokenizer, lt, tool_param, checks)
+        if mode == "lazy":
+            body, lazy_rules = _lazy_calls(parser, tokenizer, parallel)
+            rules += lazy_rules
+        else:
+            if tools:
+                rules.append("calls: call (WS? call)*" if parallel else "calls: call")
+                alternatives.append("calls")
+            body = " | ".join(alternatives)
+        return [*_think(parser, tokenizer, body, think_budget, thinking), *rules]
+
+
+HERMES = HermesGrammar()
+
+
 def output_grammar(
     parser: ParserConfig,
     text_format: TextFormat,
@@ -210,12 +265,14 @@ def output_grammar(
     format_param: str,
     tool_param: Callable[[str], str],
     think_budget: ThinkBudget | None = None,
+    spelling: CallGrammar | None = None,
 ) -> Grammar | None:
     """The grammar of the answer, or None when nothing is constrained. `tools` are the
     callable ones (already cut to the allowed ones); `format_param` is where the format's
     schema sits (``text.format`` / ``response_format.json_schema``); `tool_param(name)`
-    where a tool's parameters sit; `think_budget` bounds the think block. Compiles (and
-    checks) with the tokenizer: call it off the event loop."""
+    where a tool's parameters sit; `think_budget` bounds the think block; `spelling` is the
+    chat format's (None: Hermes). Compiles (and checks) with the tokenizer: call it off the
+    event loop."""
     callable_tools = list(tools) if choice.mode != "none" else []
     answer_json = None
     if choice.mode == "required" and callable_tools:
@@ -234,7 +291,6 @@ def output_grammar(
     _refuse_with_grammar(sampling)
     lt = ll_tokenizer(tokenizer, vocab_size)
     rules: list[str] = []
-    alternatives: list[str] = []
     checks: Checks = []
     if answer_json is not None:
         strict_format = bool(text_format.strict)
@@ -243,18 +299,11 @@ def output_grammar(
                               owner=f"response_format '{text_format.name or 'json_object'}'", param=where,
                               code="invalid_json_schema"))
         rules.append(f"answer: {_json(answer_json, strict_format)}")
-        alternatives.append("answer")
-    if callable_tools:
-        rules += _call_rules(callable_tools, parser, tokenizer, lt, tool_param, checks)
-    if mode == "lazy":
-        body, lazy_rules = _lazy_calls(parser, tokenizer, parallel)
-        rules += lazy_rules
-    else:
-        if callable_tools:
-            rules.append("calls: call (WS? call)*" if parallel else "calls: call")
-            alternatives.append("calls")
-        body = " | ".join(alternatives)
-    grammar = Grammar.lark("\n".join([*_think(parser, tokenizer, body, think_budget, sampling.thinking), *rules, "WS: /[ \\t\\r\\n]+/"]))
+    rules += (spelling or HERMES).rules(
+        mode=mode, answer=answer_json is not None, tools=callable_tools, parser=parser, tokenizer=tokenizer, lt=lt,
+        tool_param=tool_param, checks=checks, parallel=parallel, think_budget=think_budget,
+        thinking=sampling.thinking)
+    grammar = Grammar.lark("\n".join([*rules, "WS: /[ \\t\\r\\n]+/"]))
     try:
         return grammar.prepared(lt)  # its matcher built here (a compile thread; the caller waits)
     except GrammarError as exc:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from ignis.engine import EngineFinish, RequestOutput, RequestStream
 from ignis.engine.grammar import is_grammar_failure
 from ignis.model.tokenizer import Tokenizer
-from ignis.output_parser import OutputParser
+from ignis.server.chat_formats import OutputReader
 from ignis.server.logprobs import LogprobRouter, token_logprobs
 from ignis.server.tool_forcing import missing_call_message
 from protocol.deltas import Delta, ReasoningDelta, ToolCallEnd
@@ -108,10 +108,11 @@ def client_closed(final: Any, started: float) -> Outcome:
     return Outcome("client_closed", final.finish_reason, _usage(final, 0), None, None, time.monotonic() - started)
 
 
-def _parse(out: RequestOutput, parser: OutputParser, router: LogprobRouter | None, tokenizer: Tokenizer) -> list[Delta]:
+def _parse(out: RequestOutput, parser: OutputReader, router: LogprobRouter | None, tokenizer: Tokenizer) -> list[Delta]:
     """One engine output's deltas (the parser's tail too when it is the final one), with
     each answer token's logprob on the text it ends up in."""
-    deltas = parser.feed(out.text) if out.text else []
+    # Token ids too: a format may read its special tokens (harmony), which are no text.
+    deltas = parser.feed_output(out.text, out.token_ids) if out.text or out.token_ids else []
     if router is not None:
         router.add(token_logprobs(tokenizer, out) if out.logprobs else [], out.text)
         if deltas:
@@ -129,7 +130,7 @@ def _through_first_call(deltas: list[Delta]) -> tuple[list[Delta], bool]:
     return (deltas, False) if end is None else (deltas[: end + 1], True)
 
 
-def _end(final: RequestOutput | None, reason: EngineFinish, parser: OutputParser, encoder: Encoder, usage: Usage,
+def _end(final: RequestOutput | None, reason: EngineFinish, parser: OutputReader, encoder: Encoder, usage: Usage,
          ending: TurnEnding) -> tuple[str, str | None, list[Event]]:
     """(status, error, terminal events) for the engine's finish reason (the table above)."""
     required = parser.config.required_tools
@@ -157,7 +158,7 @@ def _end(final: RequestOutput | None, reason: EngineFinish, parser: OutputParser
 
 async def drive(
     stream: RequestStream,
-    parser: OutputParser,
+    parser: OutputReader,
     encoder: Encoder,
     emit: Emit,
     *,
