@@ -1,6 +1,6 @@
 """A GGUF of a real model's shape with random weights, for speed measurements at real sizes.
 
-    .venv/bin/python experiments/synthetic_gguf.py --shape llama-3.2-1b [--type q4_k_m|q8_0] [--out FILE]
+    .venv/bin/python experiments/synthetic_gguf.py --shape llama-3.2-1b [--type q4_k_m|q8_0|mxfp4] [--out FILE]
     .venv/bin/python experiments/synthetic_gguf.py --list
 
 A decode step's cost depends on the shapes and types of the weights, not their values, so a
@@ -13,14 +13,29 @@ embedding and the LM head have their real size and llama.cpp and ignis both serv
 
 `q4_k_m` follows llama.cpp's Q4_K_M recipe: Q4_K everywhere, Q6_K for the LM head (the tied
 embedding when the shape ties them) and for attn_v / ffn_down on the layers its
-`use_more_bits` rule picks; `q8_0` is Q8_0 for every matrix. Norms are F32. Files go to
-`.cache/synthetic/` (git-ignored) unless --out says otherwise; never into CI.
+`use_more_bits` rule picks; `q8_0` is Q8_0 for every matrix. `mxfp4` is llama.cpp's
+MXFP4_MOE (llama-quant.cpp: stacked expert tensors MXFP4, every other matrix, the head and
+the embedding included, Q8_0), what ggml-org's gpt-oss GGUFs hold; a dense shape gets Q8_0
+throughout. Norms are F32 ones; the other vectors (biases, gpt-oss's sinks) and the MoE
+router, which llama.cpp never quantizes, are small random F32, so tokens spread over the
+experts as real routing does (a constant router would send every token to the same ones).
+
+gpt-oss (`gpt-oss-20b`, `gpt-oss-120b`): every tensor llama.cpp's openai-moe loader requires
+(q/k/v/o biases, attn_sinks, post_attention_norm, the router's bias, the experts' biases),
+its sliding window (llama.cpp and ignis both take the period 2, layer 0 windowed, when the
+file names no pattern) and YaRN keys. Its rows (2880) hold no whole Q4_K block, so it comes
+in `mxfp4` (as published) or `q8_0`. Its padded vocabulary names o200k_harmony's control
+tokens at their real ids (ignis renders gpt-oss prompts in harmony with those ids); the
+file's own chat template stays SmolLM2's ChatML.
+
+Files go to `.cache/synthetic/` (git-ignored) unless --out says otherwise; never into CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +47,7 @@ CACHE = ROOT / ".cache" / "synthetic"
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str  # GGUF general.architecture: llama, qwen3, qwen3moe
+    arch: str  # GGUF general.architecture: llama, qwen3, qwen3moe, gpt-oss
     hidden: int
     layers: int
     heads: int
@@ -46,6 +61,8 @@ class Shape:
     experts: int = 0
     experts_used: int = 0
     qk_norm: bool = False
+    sliding_window: int = 0  # the window, on the layers the architecture's default period picks
+    yarn: tuple[float, int] | None = None  # YaRN's (factor, original context)
 
 
 # The published configs' sizes (config.json of each checkpoint).
@@ -56,8 +73,17 @@ SHAPES: dict[str, Shape] = {
     "qwen3-8b": Shape("qwen3", 4096, 36, 32, 8, 128, 12288, 151936, False, 1000000.0, qk_norm=True),
     "qwen3-30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 128, 768, 151936, False, 1000000.0,
                            experts=128, experts_used=8, qk_norm=True),
+    # openai/gpt-oss-*: one width (2880) for the residual and each expert; 131072 context by YaRN
+    "gpt-oss-20b": Shape("gpt-oss", 2880, 24, 64, 8, 64, 2880, 201088, False, 150000.0, context=131072,
+                         experts=32, experts_used=4, sliding_window=128, yarn=(32.0, 4096)),
+    "gpt-oss-120b": Shape("gpt-oss", 2880, 36, 64, 8, 64, 2880, 201088, False, 150000.0, context=131072,
+                          experts=128, experts_used=4, sliding_window=128, yarn=(32.0, 4096)),
 }
-TYPES = ("q4_k_m", "q8_0")
+TYPES = ("q4_k_m", "q8_0", "mxfp4")
+# o200k_harmony's control tokens (gpt-oss's tokenizer) and their ids.
+HARMONY_TOKENS = {199998: "<|startoftext|>", 199999: "<|endoftext|>", 200002: "<|return|>",
+                  200003: "<|constrain|>", 200005: "<|channel|>", 200006: "<|start|>", 200007: "<|end|>",
+                  200008: "<|message|>", 200012: "<|call|>"}
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -70,8 +96,9 @@ def tensors(shape: Shape, qtype: str) -> list[tuple[str, tuple[int, ...], str]]:
     import gguf
 
     q4, q6, q8, f32 = "Q4_K", "Q6_K", "Q8_0", "F32"
-    big = q8 if qtype == "q8_0" else q4
-    head = q8 if qtype == "q8_0" else q6
+    big = q4 if qtype == "q4_k_m" else q8
+    head = q6 if qtype == "q4_k_m" else q8
+    oss = shape.arch == "gpt-oss"
     h, d = shape.hidden, shape.head_dim
     out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (shape.vocab, h), head if shape.tied else big),
                                                    ("output_norm.weight", (h,), f32)]
@@ -80,28 +107,50 @@ def tensors(shape: Shape, qtype: str) -> list[tuple[str, tuple[int, ...], str]]:
     for i in range(shape.layers):
         more = qtype == "q4_k_m" and use_more_bits(i, shape.layers)
         b = f"blk.{i}."
+        q, kv = shape.heads * d, shape.kv_heads * d
         out += [(b + "attn_norm.weight", (h,), f32),
-                (b + "attn_q.weight", (shape.heads * d, h), big),
-                (b + "attn_k.weight", (shape.kv_heads * d, h), big),
-                (b + "attn_v.weight", (shape.kv_heads * d, h), q6 if more else big),
-                (b + "attn_output.weight", (h, shape.heads * d), big)]
+                (b + "attn_q.weight", (q, h), big),
+                (b + "attn_k.weight", (kv, h), big),
+                (b + "attn_v.weight", (kv, h), q6 if more else big),
+                (b + "attn_output.weight", (h, q), big)]
+        if oss:  # biases on every projection, and a sink logit per query head
+            out += [(b + "attn_q.bias", (q,), f32), (b + "attn_k.bias", (kv,), f32),
+                    (b + "attn_v.bias", (kv,), f32), (b + "attn_output.bias", (h,), f32),
+                    (b + "attn_sinks.weight", (shape.heads,), f32)]
         if shape.qk_norm:
             out += [(b + "attn_q_norm.weight", (d,), f32), (b + "attn_k_norm.weight", (d,), f32)]
-        out.append((b + "ffn_norm.weight", (h,), f32))
+        out.append((b + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), (h,), f32))
         if shape.experts:
             e, f = shape.experts, shape.ffn
+            exps = "MXFP4" if qtype == "mxfp4" else big
             out += [(b + "ffn_gate_inp.weight", (e, h), f32),
-                    (b + "ffn_gate_exps.weight", (e, f, h), big),
-                    (b + "ffn_up_exps.weight", (e, f, h), big),
-                    (b + "ffn_down_exps.weight", (e, h, f), q6 if more else big)]
+                    (b + "ffn_gate_exps.weight", (e, f, h), exps),
+                    (b + "ffn_up_exps.weight", (e, f, h), exps),
+                    (b + "ffn_down_exps.weight", (e, h, f), q6 if more else exps)]
+            if oss:  # the router's bias and each expert's
+                out += [(b + "ffn_gate_inp.bias", (e,), f32), (b + "ffn_gate_exps.bias", (e, f), f32),
+                        (b + "ffn_up_exps.bias", (e, f), f32), (b + "ffn_down_exps.bias", (e, h), f32)]
         else:
             out += [(b + "ffn_gate.weight", (shape.ffn, h), big),
                     (b + "ffn_up.weight", (shape.ffn, h), big),
                     (b + "ffn_down.weight", (h, shape.ffn), q6 if more else big)]
     for name, dims, t in out:  # every quantized row must hold whole blocks
         block, _ = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
-        assert dims[-1] % block == 0, (name, dims, t)
+        if dims[-1] % block:
+            raise ValueError(f"{name}'s rows ({dims[-1]}) hold no whole {t} block of {block}: "
+                             f"this shape cannot be written as {qtype}")
     return out
+
+
+def file_bytes(shape: Shape, qtype: str) -> int:
+    """The tensor data's size (the file's, less its metadata)."""
+    import gguf
+
+    size = 0
+    for _, dims, t in tensors(shape, qtype):
+        block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
+        size += int(np.prod(dims)) // block * nbytes
+    return size
 
 
 # Where each block type keeps its fp16 scale fields (byte offsets in the block), and which
@@ -130,13 +179,26 @@ def random_blocks(rng: np.random.Generator, dims: tuple[int, ...], type_name: st
         raw[:, 208:210] = np.full((n_blocks, 1), _D_SMALL).view(np.uint8)
     elif qt == gguf.GGMLQuantizationType.Q8_0:  # d (fp16), 32 int8
         raw[:, 0:2] = np.full((n_blocks, 1), _D_Q8).view(np.uint8)
+    elif qt == gguf.GGMLQuantizationType.MXFP4:  # e8m0 exponent e, then 32 e2m1 nibbles
+        # w = 2^(e - 128) * (2 * e2m1), |2 * e2m1| <= 12 with an rms of ~5.9 over random
+        # nibbles: e in {119, 120} gives a standard deviation of ~0.01-0.02, as Q8_0's above.
+        raw[:, 0] = rng.integers(119, 121, n_blocks, dtype=np.uint8)
     else:
         raise ValueError(f"no random block writer for {type_name}")
     return raw.reshape(*dims[:-1], dims[-1] // block * size)
 
 
-def _copy_tokenizer(writer, vocab: int) -> None:
-    """The embedded SmolLM2's tokenizer, padded with control tokens to `vocab` entries."""
+def f32_values(rng: np.random.Generator, name: str, dims: tuple[int, ...]) -> np.ndarray:
+    """An F32 tensor: a norm is ones (the identity scale); a bias, a sink or a router small
+    random values (std 0.02), so the router's logits differ token to token."""
+    if name.endswith("norm.weight"):
+        return np.ones(dims, dtype=np.float32)
+    return (rng.standard_normal(dims, dtype=np.float32) * np.float32(0.02)).astype(np.float32)
+
+
+def _copy_tokenizer(writer, vocab: int, named: dict[int, str] | None = None) -> None:
+    """The embedded SmolLM2's tokenizer, padded with control tokens to `vocab` entries
+    (`named`: padding ids given these names instead, unless SmolLM2 has the name)."""
     import gguf
 
     from ignis.model.embedded import smollm2_gguf_path
@@ -151,9 +213,14 @@ def _copy_tokenizer(writer, vocab: int) -> None:
     types: list[int] = value("tokenizer.ggml.token_type")
     if vocab < len(tokens):
         raise ValueError(f"the shape's vocabulary ({vocab}) is smaller than SmolLM2's ({len(tokens)})")
-    pad = vocab - len(tokens)
+    own, pad = len(tokens), vocab - len(tokens)
     # Named as Llama 3's reserved tokens are; control tokens are never produced by encoding text.
     tokens = tokens + [f"<|reserved_special_token_{i}|>" for i in range(pad)]
+    have = set(tokens)
+    for i, text in (named or {}).items():
+        # never over one of SmolLM2's own tokens, nor a second copy of one (<|endoftext|>)
+        if own <= i < vocab and text not in have:
+            tokens[i] = text
     types = types + [int(gguf.TokenType.CONTROL)] * pad
     writer.add_tokenizer_model(value("tokenizer.ggml.model"))
     pre = value("tokenizer.ggml.pre")
@@ -184,7 +251,10 @@ def write(shape: Shape, qtype: str, out: Path, *, seed: int = 0, progress: bool 
     a = shape.arch
     w = gguf.GGUFWriter(out, a)
     w.add_name(f"synthetic {out.stem}")
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0 if qtype == "q8_0" else gguf.LlamaFileType.MOSTLY_Q4_K_M))
+    ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+             "mxfp4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE}[qtype]
+    plan = tensors(shape, qtype)  # refuses a type the shape's rows cannot hold, before writing
+    w.add_file_type(int(ftype))
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.hidden)
     w.add_block_count(shape.layers)
@@ -201,9 +271,17 @@ def write(shape: Shape, qtype: str, out: Path, *, seed: int = 0, progress: bool 
         w.add_expert_count(shape.experts)
         w.add_expert_used_count(shape.experts_used)
         w.add_expert_feed_forward_length(shape.ffn)
-    _copy_tokenizer(w, shape.vocab)
+    if shape.sliding_window:  # no pattern key: the architecture's period (gpt-oss: 2)
+        w.add_sliding_window(shape.sliding_window)
+    if shape.yarn:  # as llama.cpp's converter writes gpt-oss's rope_scaling (betas: its config's)
+        factor, original = shape.yarn
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_yarn_beta_fast(32.0)
+        w.add_rope_scaling_yarn_beta_slow(1.0)
+    _copy_tokenizer(w, shape.vocab, HARMONY_TOKENS if a == "gpt-oss" else None)
 
-    plan = tensors(shape, qtype)
     for name, dims, t in plan:
         qt = gguf.GGMLQuantizationType[t]
         if qt == gguf.GGMLQuantizationType.F32:
@@ -218,7 +296,7 @@ def write(shape: Shape, qtype: str, out: Path, *, seed: int = 0, progress: bool 
     rng = np.random.default_rng(seed)
     total = len(plan)
     for k, (name, dims, t) in enumerate(plan):
-        w.write_tensor_data(random_blocks(rng, dims, t))
+        w.write_tensor_data(f32_values(rng, name, dims) if t == "F32" else random_blocks(rng, dims, t))
         if progress and (k % 16 == 0 or k == total - 1):
             print(f"\r  {k + 1}/{total} tensors", end="", file=sys.stderr, flush=True)
     if progress:
@@ -257,21 +335,23 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.list or not args.shape:
-        import gguf
-
         for name, s in SHAPES.items():
             for qtype in TYPES:
-                size = 0
-                for _, dims, t in tensors(s, qtype):
-                    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
-                    size += int(np.prod(dims)) // block * nbytes
+                if qtype == "mxfp4" and not s.experts:
+                    continue  # a dense shape's mxfp4 is its q8_0
+                try:
+                    size = file_bytes(s, qtype)
+                except ValueError:  # rows that hold no whole block of the type
+                    continue
                 print(f"{name:15s} {qtype:7s} {size / 1e9:6.2f} GB")
         return
     out = args.out or CACHE / f"{args.shape}-{args.type}.gguf"
     print(f"writing {out} ({args.shape}, {args.type})", file=sys.stderr)
+    start = time.perf_counter()
     write(SHAPES[args.shape], args.type, out, seed=args.seed)
-    print(f"{out}: {out.stat().st_size / 1e9:.2f} GB, {weight_bytes_per_token(out) / 1e9:.2f} GB of weights "
-          f"read per decoded token")
+    took = time.perf_counter() - start
+    print(f"{out}: {out.stat().st_size / 1e9:.2f} GB in {took:.0f} s, {weight_bytes_per_token(out) / 1e9:.2f} GB "
+          f"of weights read per decoded token")
 
 
 if __name__ == "__main__":

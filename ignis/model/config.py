@@ -18,7 +18,8 @@ NormLayout = Literal["pre", "sandwich", "post"]
 # Which q/k RMSNorm a layer has: none, over each head (Qwen3, Gemma 3) or over the whole
 # projection before it is split into heads (OLMo 2).
 QKNorm = Literal["none", "head", "projection"]
-ACTIVATIONS = ("silu", "gelu_tanh")
+# swiglu_oai (gpt-oss's experts): (clamp(up, ±limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
 
 
 def _family_names() -> tuple[str, ...]:
@@ -76,6 +77,18 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # renormalise the chosen experts' weights to sum to 1
     moe_layers: tuple[bool, ...] | None = None
+    # gpt-oss: the router's and each expert's biases; its router takes the top k logits and
+    # softmaxes just those (router_softmax_first False) instead of softmax, top k, renormalise.
+    router_bias: bool = False
+    expert_bias: bool = False
+    router_softmax_first: bool = True
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    # The experts held as the checkpoint's MXFP4 blocks (gpt-oss's HF directories), never
+    # widened: layers.Experts keeps *_blocks / *_scales in place of the dense tensors.
+    experts_mxfp4: bool = False
+    # gpt-oss: one learned logit per query head that joins every softmax's denominator.
+    attention_sinks: bool = False
 
     def __post_init__(self) -> None:
         families = _family_names()

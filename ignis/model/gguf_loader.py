@@ -66,10 +66,13 @@ def ignis_name(gguf_name: str, fam: Family | None = None) -> str | None:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name in _NOT_WEIGHTS:
         return None
-    names = (fam or family("llama")).gguf_tensors
+    fam = fam or family("llama")
+    names = fam.gguf_tensors
     m = _BLOCK_RE.match(gguf_name)
     if m is None or m.group(2) not in names:
-        raise KeyError(f"unknown GGUF tensor {gguf_name!r} for the {(fam or family('llama')).name} family")
+        raise KeyError(f"unknown GGUF tensor {gguf_name!r} for the {fam.name} family")
+    if m.group(2) in fam.gguf_params:
+        return f"layers.{m.group(1)}.{names[m.group(2)]}"
     return f"layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 

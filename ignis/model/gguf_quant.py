@@ -86,15 +86,55 @@ def decode_q8_0(raw: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
 
 # 5-bit block types, q * scale + offset per 32 inputs with q in [0, 32): packed.py's int5 form.
 INT5_TYPES = frozenset({QT.Q5_0, QT.Q5_1, QT.Q5_K})
-# Types whose values are d * (signed byte) per 32 inputs with d fp16: packed.py's q8 form.
-Q8_TYPES = frozenset({QT.Q8_0, QT.Q5_0, QT.Q4_0})
+# Types whose values are d * (signed byte) per 32 inputs with d fp16: packed.py's q8 form
+# (MXFP4 when its scales fit fp16: mxfp4_fits_q8).
+Q8_TYPES = frozenset({QT.Q8_0, QT.Q5_0, QT.Q4_0, QT.MXFP4})
+# MXFP4's 16 values (e2m1) doubled: integers, so 2 * value fits a signed byte exactly.
+MXFP4_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+
+
+def decode_mxfp4_codes(raw: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Raw MXFP4 rows [N, row_bytes] (per 32 inputs: an e8m0 exponent byte, then 16 bytes
+    whose low nibbles are elements 0-15 and high nibbles 16-31, as ggml stores them) ->
+    (e2m1 codes uint8 [N, K] in element order, exponents uint8 [N, K/32]): w = e2m1(code) * 2^(e - 127)."""
+    n = raw.shape[0]
+    b = raw.reshape(n, n_cols // GROUP, 17)
+    return np.ascontiguousarray(_nibbles(b[..., 1:]).reshape(n, n_cols)), np.ascontiguousarray(b[..., 0])
+
+
+def decode_mxfp4_nibbles(raw: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Raw MXFP4 rows -> (codes two a byte [N, K/2] uint8, element 2i low and 2i + 1 high:
+    an HF checkpoint's order and packed.Mx4Linear's; exponents uint8 [N, K/32]), byte
+    for byte, without widening the codes (ggml's byte j holds elements j and j + 16)."""
+    n = raw.shape[0]
+    b = raw.reshape(n, n_cols // GROUP, 17)
+    qs = b[..., 1:]
+    even, odd = qs[..., 0::2], qs[..., 1::2]  # ggml bytes 2i, 2i + 1: elements 2i, 2i + 1 (and + 16)
+    nib = np.concatenate(((even & 0x0F) | ((odd & 0x0F) << 4), (even >> 4) | (odd & 0xF0)), axis=-1)
+    return np.ascontiguousarray(nib.reshape(n, n_cols // 2)), np.ascontiguousarray(b[..., 0])
+
+
+def decode_mxfp4(raw: np.ndarray, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Raw MXFP4 rows -> (q int8 [N, K] = 2 * the e2m1 value, d float32 [N, K/32] = 2^(e - 128)): w = q * d."""
+    codes, e = decode_mxfp4_codes(raw, n_cols)
+    return MXFP4_DOUBLED[codes], np.ldexp(np.float32(1.0), e.astype(np.int32) - 128).astype(np.float32)
+
+
+def mxfp4_fits_q8(raw: np.ndarray, n_cols: int) -> bool:
+    """Whether every block scale 2^(e - 128) is a float16 (2^-24 .. 2^15), as the q8 form holds d."""
+    e = raw.reshape(raw.shape[0], n_cols // GROUP, 17)[..., 0].astype(np.int32) - 128
+    return bool(e.size == 0 or (e.min() >= -24 and e.max() <= 15))
 
 
 def decode_q8(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """Raw Q8_0/Q5_0/Q4_0 rows [N, row_bytes] -> (q int8 [N, K], d float16 [N, K/32]):
-    w = q * d (Q5_0's d * (q - 16) and Q4_0's d * (q - 8) with the offset taken into q)."""
+    """Raw Q8_0/Q5_0/Q4_0/MXFP4 rows [N, row_bytes] -> (q int8 [N, K], d float16 [N, K/32]):
+    w = q * d (Q5_0's d * (q - 16) and Q4_0's d * (q - 8) with the offset taken into q,
+    MXFP4's doubled e2m1 values with half its power-of-two scale)."""
     if qtype == QT.Q8_0:
         return decode_q8_0(raw, n_cols)
+    if qtype == QT.MXFP4:
+        q, d = decode_mxfp4(raw, n_cols)
+        return q, d.astype(np.float16)  # exact where mxfp4_fits_q8
     if qtype == QT.Q5_0:
         q, scale, _ = decode_wide_int(raw, qtype, n_cols)
         centre = 16

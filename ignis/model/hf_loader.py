@@ -21,6 +21,7 @@ from safetensors import safe_open
 
 from ignis.model.config import ModelConfig
 from ignis.model.families import family, for_hf_model_type
+from ignis.model.mxfp4 import dequantize_hf
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +74,33 @@ def hf_tensor_names(path: str | Path) -> list[str]:
 def iter_hf_weights(path: str | Path, config: ModelConfig | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) with the "model." prefix stripped and the family's renames and
     transforms applied (config: read from the directory when None); buffers such as
-    rotary inv_freq skipped."""
-    fam = family((config or read_hf_config(path)).family)
+    rotary inv_freq skipped. MXFP4 pairs (`W_blocks` + `W_scales`, gpt-oss's experts) come
+    out as they are when the config holds its experts so (experts_mxfp4), else as W,
+    dequantized, in the layout transformers gives the dense parameter."""
+    config = config or read_hf_config(path)
+    fam = family(config.family)
+    halves: dict[str, torch.Tensor] = {}  # an MXFP4 pair's first half, until its other comes
     for file in safetensors_files(path):
         with safe_open(file, framework="pt") as f:
             for key in f.keys():
                 if key.endswith("rotary_emb.inv_freq"):
                     continue
                 name = key.removeprefix("model.")
+                tensor = f.get_tensor(key)
+                if name.endswith(("_blocks", "_scales")) and not config.experts_mxfp4:
+                    base, _, half = name.rpartition("_")
+                    if base not in halves:
+                        halves[base] = tensor
+                        continue
+                    other = halves.pop(base)
+                    blocks, scales = (tensor, other) if half == "blocks" else (other, tensor)
+                    # [E, N, K] -> transformers' dense layout [E, K, N] (a view; the family's
+                    # transform turns it into ignis's)
+                    name, tensor = base, dequantize_hf(blocks, scales).transpose(-1, -2)
                 if fam.hf_rename is not None:
                     name = fam.hf_rename(name)
-                tensor = f.get_tensor(key)
                 if fam.hf_transform is not None:
                     tensor = fam.hf_transform(name, tensor)
                 yield name, tensor
+    if halves:
+        raise KeyError(f"MXFP4 tensors without their other half: {sorted(halves)[:4]}")

@@ -20,7 +20,9 @@ import kernels.moe as moe_ops
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import KVCache
+from ignis.model.mxfp4 import dequantize_hf
 from ignis.model.rope import Rope, apply_rotary
+from kernels.moe_mxfp4 import moe_mxfp4
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -64,18 +66,9 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A gated MLP's activation by ModelConfig.hidden_act."""
-    if name == "silu":
-        return F.silu
-    if name == "gelu_tanh":  # transformers' gelu_pytorch_tanh
-        return lambda x: F.gelu(x, approximate="tanh")
-    raise NotImplementedError(f"activation {name!r}")
-
-
 class MLP(nn.Module):
-    """A gated MLP: down(act(gate(x)) * up(x)), gate and up fused into one [2I, H] weight
-    (SwiGLU with silu, GeGLU with gelu_tanh)."""
+    """A gated MLP: down(glu(gate(x), up(x))), gate and up fused into one [2I, H] weight
+    (SwiGLU with silu, GeGLU with gelu_tanh: kernels.moe.glu)."""
 
     def __init__(
         self, hidden: int, intermediate: int, bias: bool, dtype: torch.dtype, device: torch.device | str,
@@ -84,34 +77,52 @@ class MLP(nn.Module):
         super().__init__()
         self.intermediate = intermediate
         self.act_name = act
-        self.act = activation(act)
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, dtype, device)
         self.down_proj = Linear(intermediate, hidden, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(moe_ops.glu(gate, up, self.act_name))
 
 
 class Experts(nn.Module):
-    """The experts of a sparse MoE layer, stacked: gate|up [E, 2I, H] and down [E, H, I].
+    """The experts of a sparse MoE layer, stacked: gate|up [E, 2I, H] and down [E, H, I],
+    with biases gate|up [E, 2I] and down [E, H] when `bias` (gpt-oss).
+
+    With `mxfp4` the weights stay the checkpoint's MXFP4 (ignis/model/mxfp4.py): blocks
+    [E, N, K/32, 16] and scales [E, N, K/32] uint8 for each, in place of the dense tensors.
 
     `expert_ops` (packed CPU forms, set at load) replaces the stacked tensors with one
-    (gate|up, down) GEMM pair per expert; None = the tensors."""
+    (gate|up, down) GEMM pair per expert; None = the tensors. The biases stay tensors."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, bias: bool = False, mxfp4: bool = False) -> None:
         super().__init__()
         self.num_experts, self.intermediate = num_experts, intermediate
-        self.gate_up_proj = empty_param(num_experts, 2 * intermediate, hidden, dtype=dtype, device=device)
-        self.down_proj = empty_param(num_experts, hidden, intermediate, dtype=dtype, device=device)
+        self.mxfp4 = mxfp4
+        if mxfp4:
+            if hidden % 32 or intermediate % 32:
+                raise ValueError(f"MXFP4 experts need widths that are multiples of 32, got {hidden} and {intermediate}")
+            u8 = torch.uint8
+            self.gate_up_proj_blocks = empty_param(num_experts, 2 * intermediate, hidden // 32, 16, dtype=u8, device=device)
+            self.gate_up_proj_scales = empty_param(num_experts, 2 * intermediate, hidden // 32, dtype=u8, device=device)
+            self.down_proj_blocks = empty_param(num_experts, hidden, intermediate // 32, 16, dtype=u8, device=device)
+            self.down_proj_scales = empty_param(num_experts, hidden, intermediate // 32, dtype=u8, device=device)
+            self.gate_up_proj = self.down_proj = None
+        else:
+            self.gate_up_proj = empty_param(num_experts, 2 * intermediate, hidden, dtype=dtype, device=device)
+            self.down_proj = empty_param(num_experts, hidden, intermediate, dtype=dtype, device=device)
+        self.gate_up_proj_bias = self.down_proj_bias = None
+        if bias:
+            self.gate_up_proj_bias = empty_param(num_experts, 2 * intermediate, dtype=dtype, device=device)
+            self.down_proj_bias = empty_param(num_experts, hidden, dtype=dtype, device=device)
         self.expert_ops: list[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] | None = None
 
 
 class SparseMoE(nn.Module):
-    """Top-k routed experts (Mixtral, Qwen3-MoE): a router [E, H], softmax over every
-    expert, the top k renormalised (norm_topk_prob), each token's gated MLPs weighted and
-    summed. On CUDA (or the triton backend) the grouped GEMM kernel runs all experts of a
+    """Top-k routed experts (Mixtral, Qwen3-MoE, gpt-oss): a router [E, H] (gpt-oss: with a
+    bias), softmax over every expert, the top k renormalised (norm_topk_prob), or (gpt-oss)
+    the top k logits softmaxed; each token's gated MLPs weighted and summed. On CUDA (or the triton backend) the grouped GEMM kernel runs all experts of a
     step in two launches (kernels.moe); on the CPU only the experts some token chose run,
     each over its own tokens (through its packed GEMMs when the form has them)."""
 
@@ -119,17 +130,37 @@ class SparseMoE(nn.Module):
         super().__init__()
         c = config
         self.top_k, self.renormalize = c.num_experts_per_tok, c.norm_topk_prob
+        self.softmax_first = c.router_softmax_first
         self.act_name = c.hidden_act
-        self.act = activation(c.hidden_act)
-        self.gate = Linear(c.hidden_size, c.num_experts, False, dtype, device)  # the router
-        self.experts = Experts(c.num_experts, c.hidden_size, c.moe_intermediate_size, dtype, device)
+        self.alpha, self.limit = c.swiglu_alpha, c.swiglu_limit
+        self.gate = Linear(c.hidden_size, c.num_experts, c.router_bias, dtype, device)  # the router
+        self.experts = Experts(c.num_experts, c.hidden_size, c.moe_intermediate_size, dtype, device, c.expert_bias,
+                               c.experts_mxfp4)
+
+    def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return moe_ops.glu(gate, up, self.act_name, self.alpha, self.limit)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = moe_ops.route(self.gate(x), self.top_k, renormalize=self.renormalize)
+        weights, ids = moe_ops.route(self.gate(x), self.top_k, renormalize=self.renormalize,
+                                     softmax_first=self.softmax_first)
         ex = self.experts
         if ex.expert_ops is None and (x.is_cuda or kernels.get_backend() == "triton"):
-            return moe_ops.moe(x, weights.to(x.dtype), ids, ex.gate_up_proj, ex.down_proj, self.act_name)
+            extra = dict(gate_up_bias=ex.gate_up_proj_bias, down_bias=ex.down_proj_bias, alpha=self.alpha,
+                         limit=self.limit)
+            if ex.mxfp4:
+                return moe_mxfp4(x, weights.to(x.dtype), ids, ex.gate_up_proj_blocks, ex.gate_up_proj_scales,
+                                 ex.down_proj_blocks, ex.down_proj_scales, self.act_name, **extra)
+            return moe_ops.moe(x, weights.to(x.dtype), ids, ex.gate_up_proj, ex.down_proj, self.act_name, **extra)
         return self._routed_experts(x, weights, ids)
+
+    def _expert_weights(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert e's dense gate|up and down: the tensors, or its MXFP4 blocks dequantized
+        (when no packed CPU op holds them: the native op is not built)."""
+        ex = self.experts
+        if not ex.mxfp4:
+            return ex.gate_up_proj[e], ex.down_proj[e]
+        return (dequantize_hf(ex.gate_up_proj_blocks[e], ex.gate_up_proj_scales[e], dtype),
+                dequantize_hf(ex.down_proj_blocks[e], ex.down_proj_scales[e], dtype))
 
     def _routed_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The CPU path: tokens grouped by expert once, then each chosen expert's MLP over
@@ -145,14 +176,20 @@ class SparseMoE(nn.Module):
             if b == a:
                 continue
             rows = x.index_select(0, token[a:b])
+            gu_bias = None if ex.gate_up_proj_bias is None else ex.gate_up_proj_bias[e]
+            down_bias = None if ex.down_proj_bias is None else ex.down_proj_bias[e]
             if ex.expert_ops is None:
-                h = F.linear(rows, ex.gate_up_proj[e])
+                w_gate_up, w_down = self._expert_weights(e, x.dtype)
+                h = F.linear(rows, w_gate_up, gu_bias)
                 gate, up = h.split(ex.intermediate, dim=-1)
-                y = F.linear(self.act(gate) * up, ex.down_proj[e])
+                y = F.linear(self.glu(gate, up), w_down, down_bias)
             else:
                 gate_up, down = ex.expert_ops[e]
-                gate, up = gate_up(rows).split(ex.intermediate, dim=-1)
-                y = down(self.act(gate) * up)
+                h = gate_up(rows)
+                gate, up = (h if gu_bias is None else h + gu_bias).split(ex.intermediate, dim=-1)
+                y = down(self.glu(gate, up))
+                if down_bias is not None:
+                    y = y + down_bias
             out.index_add_(0, token[a:b], y * w[a:b, None])
         return out
 
@@ -160,7 +197,8 @@ class SparseMoE(nn.Module):
 class Attention(nn.Module):
     """Grouped-query attention over a paged KV cache, for a flat ragged batch [T, ...]:
     layer `layer` of a model of `config` (q/k/v and o biases, q/k norms per head or over
-    the projection, the layer's sliding window, its scale and score soft-capping)."""
+    the projection, the layer's sliding window, its scale, score soft-capping and gpt-oss's
+    sinks: one learned logit per query head in the softmax's denominator, kept in fp32)."""
 
     def __init__(self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
@@ -170,6 +208,7 @@ class Attention(nn.Module):
         self.scale = c.head_dim**-0.5 if c.attention_scale is None else c.attention_scale
         self.sliding_window = c.layer_sliding_window(layer)
         self.softcap = c.attn_logit_softcap
+        self.sinks = empty_param(c.num_heads, dtype=torch.float32, device=device) if c.attention_sinks else None
         self.qkv_proj = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, c.attention_bias, dtype, device)
         self.o_proj = Linear(self.q_size, c.hidden_size, c.o_proj_bias, dtype, device)
         self.q_norm = self.k_norm = None
@@ -199,7 +238,11 @@ class Attention(nn.Module):
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         k_cache, v_cache = kv_cache
         (meta.write_kv_op or kernels.write_kv)(k, v, k_cache, v_cache, meta.slot_mapping)
-        extra = {} if self.softcap is None else {"softcap": self.softcap}
+        extra: dict[str, object] = {}
+        if self.softcap is not None:
+            extra["softcap"] = self.softcap
+        if self.sinks is not None:
+            extra["sinks"] = self.sinks
         o = (meta.attention_op or kernels.paged_attention)(
             q,
             k_cache,

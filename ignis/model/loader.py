@@ -262,6 +262,10 @@ def _load_hf(
     if weights:
         tensors = _progress(iter_hf_weights(path, config), len(hf_tensor_names(path)), progress, "loading weights")
         model = build_model(config, tensors, dtype=dtype, device=device)
+        if config.experts_mxfp4 and model.device.type == "cpu":
+            from ignis.model.packed import pack_mxfp4_experts
+
+            log.info("MXFP4 experts kept packed in %d layers", pack_mxfp4_experts(model))
     from ignis.model.families import family
 
     template = ChatTemplate.from_hf_dir(path, fallback=family(config.family).chat_template)

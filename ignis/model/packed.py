@@ -53,6 +53,8 @@ from ignis.model.gguf_quant import (
     INT4_TYPES,
     INT5_TYPES,
     Q8_TYPES,
+    decode_mxfp4_nibbles,
+    mxfp4_fits_q8,
     WIDE_INT_TYPES,
     decode_int4,
     decode_q8,
@@ -60,6 +62,7 @@ from ignis.model.gguf_quant import (
     decode_wide_int,
 )
 from ignis.model.layers import Experts, Linear
+from ignis.model.mxfp4 import E2M1
 from ignis.model.lm_head import NARROW_ROWS, Int8DynamicHead, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
 from ignis.model.weight_plan import WeightPlan
@@ -294,6 +297,40 @@ class Q8Linear(PackedLinear):
         return (q * self.d[n0:n1, :, None].float()).view(n1 - n0, -1).to(dtype)
 
 
+class Mx4Linear(PackedLinear):
+    """MXFP4 weights (gpt-oss's experts) as the file holds them: e2m1 codes two a byte (as
+    Int4Linear's nibbles: element 2i low, 2i + 1 high) and one e8m0 exponent byte per 32
+    inputs, w = e2m1(code) * 2^(e - 127), 0.53 bytes a weight, rows in blocks of eight group
+    by group (_blocked), through the native op's GEMM (kernels/cpu/quant_gemm.h, kMX4);
+    widened and multiplied densely from WIDEN_ROWS rows."""
+
+    form = "mxfp4"
+
+    def __init__(self, nibbles: np.ndarray, exponents: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        """nibbles [N, K/2] uint8 (an HF checkpoint's blocks, flattened), exponents [N, K/32]."""
+        n, k = nibbles.shape[0], 2 * nibbles.shape[1]
+        self.in_features = k
+        self.nibbles = torch.from_numpy(_blocked(np.ascontiguousarray(nibbles).reshape(n, k // GROUP, 16)).reshape(n, k // 2))
+        self.exponents = torch.from_numpy(_blocked(exponents.astype(np.uint8)))
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = self.nibbles.numel() + self.exponents.numel()
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
+        return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, None, self.exponents, 4)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype` (exact in fp32 and bf16: powers of two times e2m1)."""
+        groups = self.in_features // GROUP
+        b = _unblocked(self.nibbles, n0, n1, groups)
+        codes = torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, groups, GROUP)
+        e = _unblocked(self.exponents.unsqueeze(-1), n0, n1, groups).to(torch.int32) - 127  # [n, G, 1]
+        return torch.ldexp(E2M1[codes.long()], e.float()).view(n1 - n0, self.in_features).to(dtype)
+
+
 class Int4PairLinear(PackedLinear):
     """5- to 8-bit block weights (Q5_0, Q5_1, Q5_K, Q8_0: w = q * scale + offset per 32
     inputs, q < 256) exactly, as two int4 weights over the same input: q = 16 hi + lo, so
@@ -339,7 +376,9 @@ class Int8Linear(PackedLinear):
         self.nbytes = self.weight.numel() + self.scale.numel() * 2
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS:
+        # torch's kernel reads K in blocks of 16: any other K gives wrong sums or a crash
+        # (measured, torch 2.13: K = 24, 40, 72). Such shapes (tiny test models) widen.
+        if x.shape[0] >= WIDEN_ROWS or self.in_features % 16:
             return _widened_mm(x, self.weight.shape[0], self.widen, self.widen_to)
         return torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scale).float()
 
@@ -539,9 +578,9 @@ def _iter_raw(reader: gguf.GGUFReader, config: ModelConfig) -> Iterator[tuple[st
 
 def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan) -> PackedLinear:
     """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight): the narrowest
-    form that holds every part's values exactly (int4 0.75 bytes a weight, int5 0.875, q8
-    1.06, int4 pairs 1.5 for Q8_0 beside other blocks), else int8 requantized per row (Q6_K,
-    float types: 1 byte, not the file's values)."""
+    form that holds every part's values exactly (MXFP4 0.53 bytes a weight, int4 0.75, int5
+    0.875, q8 1.06 for Q8_0 (and MXFP4 beside it), int4 pairs 1.5 for Q8_0 beside other
+    blocks), else int8 requantized per row (Q6_K, float types: 1 byte, not the file's values)."""
     if plan.form == "mixed":
         narrow = _build_linear(parts, None, replace(plan, form="quantized"))
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
@@ -555,7 +594,9 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     native = plan.form == "quantized" and plan.int4 and cpu_native.load()
     if native and types <= INT4_TYPES | INT5_TYPES:
         return Int5Linear(*_stacked(parts, _decode_int), bias, widen_to)
-    if native and types <= Q8_TYPES:
+    if native and types == {QT.MXFP4}:
+        return Mx4Linear(*_stacked(parts, lambda raw, _, c: decode_mxfp4_nibbles(raw, c)), bias, widen_to)
+    if native and types <= Q8_TYPES and all(p.qtype != QT.MXFP4 or mxfp4_fits_q8(p.data, cols) for p in parts):
         q, d = _stacked(parts, decode_q8)
         return Q8Linear(torch.from_numpy(q), torch.from_numpy(d), bias, widen_to)
     if native and types <= INT4_TYPES | WIDE_INT_TYPES:
@@ -621,6 +662,7 @@ class _FusedWeights:
         self.experts = {name: m for name, m in model.named_modules() if isinstance(m, Experts)}
         self.pending: dict[str, dict[str, _Raw]] = {}
         self.biases: dict[str, torch.Tensor] = {}
+        self.expert_biases: dict[str, set[str]] = {}  # which of an MoE layer's stacked biases arrived
         self.counts: dict[str, int] = {}  # ops built per form
         for lin, _ in self.targets.values():
             lin.weight = _meta_param(lin.weight)
@@ -628,7 +670,8 @@ class _FusedWeights:
     def owned(self) -> set[str]:
         """The parameter names these GEMMs replace."""
         names = {f"{k}.{w}" for k in self.targets for w in ("weight", "bias")}
-        return names | {f"{k}.{w}" for k in self.experts for w in ("gate_up_proj", "down_proj")}
+        return names | {f"{k}.{w}" for k in self.experts
+                        for w in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")}
 
     def _ready(self, key: str) -> list[str] | None:
         """The parts `key` is built from once they are all here (itself, stored whole), else None."""
@@ -648,6 +691,9 @@ class _FusedWeights:
             if len(self.pending[owner]) == 3:
                 self._build_experts(owner)
             return True
+        if owner in self.experts and kind == "bias":  # gpt-oss: the stacked biases stay fp32 tensors
+            self._expert_bias(owner, proj, raw)
+            return True
         key = self.part_of.get(base)
         if key is None:
             return False
@@ -662,7 +708,19 @@ class _FusedWeights:
     def finish(self) -> list[str]:
         """The GEMMs missing from the file (what waited for biases is built by now)."""
         missing = [k for k, (lin, _) in self.targets.items() if lin.linear_op is None]
+        missing += [f"{k}.{p}.bias" for k, m in self.experts.items() if m.down_proj_bias is not None
+                    for p in ("gate_proj", "up_proj", "down_proj") if p not in self.expert_biases.get(k, ())]
         return missing + [k for k, m in self.experts.items() if m.expert_ops is None]
+
+    def _expert_bias(self, owner: str, proj: str, raw: _Raw) -> None:
+        ex = self.experts[owner]
+        if ex.gate_up_proj_bias is None or ex.down_proj_bias is None:
+            raise KeyError(f"unexpected weight {owner}.{proj}.bias: this family's experts have no biases")
+        inter = ex.intermediate
+        target = {"gate_proj": ex.gate_up_proj_bias[:, :inter], "up_proj": ex.gate_up_proj_bias[:, inter:],
+                  "down_proj": ex.down_proj_bias}[proj]
+        target.copy_(torch.from_numpy(raw.dense()).reshape(target.shape))
+        self.expert_biases.setdefault(owner, set()).add(proj)
 
     def _count(self, op: PackedLinear) -> None:
         self.counts[op.form] = self.counts.get(op.form, 0) + 1
@@ -696,6 +754,33 @@ class _FusedWeights:
         ex.expert_ops = ops
         ex.gate_up_proj = _meta_param(ex.gate_up_proj)
         ex.down_proj = _meta_param(ex.down_proj)
+
+
+def pack_mxfp4_experts(model: Transformer) -> int:
+    """The MXFP4 experts of a model loaded from an HF directory (ModelConfig.experts_mxfp4)
+    as one pair of mxfp4 GEMMs per expert (Mx4Linear: the checkpoint's nibbles and exponents,
+    re-laid in blocks of eight rows), the blocks then dropped; the number of layers packed.
+    Without the native op the blocks stay, dequantized per step (layers.SparseMoE)."""
+    if not cpu_native.load():
+        log.warning("the native CPU op is not built: MXFP4 experts are dequantized at every step (slow)")
+        return 0
+    packed = 0
+    for module in model.modules():
+        if not isinstance(module, Experts) or not module.mxfp4 or module.gate_up_proj_blocks.device.type != "cpu":
+            continue
+        ex = module
+        ops = []
+        for e in range(ex.num_experts):
+            pair = []
+            for blocks, scales in ((ex.gate_up_proj_blocks[e], ex.gate_up_proj_scales[e]),
+                                   (ex.down_proj_blocks[e], ex.down_proj_scales[e])):
+                pair.append(Mx4Linear(blocks.reshape(blocks.shape[0], -1).numpy(), scales.numpy(), None))
+            ops.append((pair[0], pair[1]))
+        ex.expert_ops = ops
+        for name in ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"):
+            setattr(ex, name, _meta_param(getattr(ex, name)))
+        packed += 1
+    return packed
 
 
 def load_packed_gguf(

@@ -147,12 +147,16 @@ class Transformer(nn.Module):
                 if lin.bias is not None:
                     targets[f"{part}.bias"] = lin.bias[offset : offset + rows]
         for name, module in self.named_modules():
-            if isinstance(module, Experts):
+            if isinstance(module, Experts) and not module.mxfp4:  # (MXFP4 blocks: their own names)
                 inter = module.intermediate
                 gate_up, down = module.gate_up_proj, module.down_proj
                 targets[f"{name}.gate_proj.weight"] = gate_up[:, :inter]
                 targets[f"{name}.up_proj.weight"] = gate_up[:, inter:]
                 targets[f"{name}.down_proj.weight"] = down
+                if module.gate_up_proj_bias is not None:  # GGUF's stacked biases (gpt-oss)
+                    targets[f"{name}.gate_proj.bias"] = module.gate_up_proj_bias[:, :inter]
+                    targets[f"{name}.up_proj.bias"] = module.gate_up_proj_bias[:, inter:]
+                    targets[f"{name}.down_proj.bias"] = module.down_proj_bias
                 for e in range(module.num_experts):
                     targets[f"{name}.{e}.gate_proj.weight"] = gate_up[e, :inter]
                     targets[f"{name}.{e}.up_proj.weight"] = gate_up[e, inter:]

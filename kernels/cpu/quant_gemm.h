@@ -249,18 +249,32 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
         e[t] = _mm512_loadu_ps(x.xe.data() + (t0 + t) * K2 + 16 * g);
         o[t] = _mm512_loadu_ps(x.xo.data() + (t0 + t) * K2 + 16 * g);
       }
+      alignas(32) float scale[8];  // kMX4: the NB rows' powers of two for group g
+      if constexpr (F == kMX4) {
+        if constexpr (NB >= 4) {  // rows of one block of eight: their group-g exponents lie side by side (unit)
+          int64_t bytes = 0;
+          std::memcpy(&bytes, w.e + w.unit(n0, g), NB);
+          const __m256i ei = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+          // 2^(e - 127) built in the exponent field; e = 0 (2^-127, a subnormal) apart
+          const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(ei, 23));
+          const __m256 zero_e = _mm256_castsi256_ps(_mm256_cmpeq_epi32(ei, _mm256_setzero_si256()));
+          _mm256_store_ps(scale, _mm256_blendv_ps(f, _mm256_set1_ps(e8m0_to_float(0)), zero_e));
+        } else {
+          scale[0] = e8m0_to_float(w.e[w.unit(n0, g)]);
+        }
+      }
       for (int r = 0; r < NB; ++r) {
         const int64_t n = n0 + r;
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + 16 * w.unit(n, g))));
         __m512 lo, hi;
         if constexpr (F == kMX4) {  // e2m1's 16 values times the group's power of two: exact
-          const __m512 table = _mm512_mul_ps(e2m1, _mm512_set1_ps(e8m0_to_float(w.e[w.unit(n, g)])));
-          lo = _mm512_permutexvar_ps(_mm512_and_si512(b, low), table);
+          const __m512 table = _mm512_mul_ps(e2m1, _mm512_set1_ps(scale[r]));
+          lo = _mm512_permutexvar_ps(b, table);  // vpermps reads an index's low four bits: no mask
           hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
         } else if constexpr (F == kQ4) {
           const float* so = w.so + 2 * w.unit(n, g);
           const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(so[0]), _mm512_set1_ps(so[1]));
-          lo = _mm512_permutexvar_ps(_mm512_and_si512(b, low), table);
+          lo = _mm512_permutexvar_ps(b, table);  // vpermps reads an index's low four bits: no mask
           hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
         } else {
           const float* so = w.so + 2 * w.unit(n, g);

@@ -71,11 +71,11 @@ def test_routed_experts_through_packed_gemms_match_dense() -> None:
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("qtype, form", [(Q.Q5_0, "int5"), (Q.Q5_1, "int5"), (Q.Q8_0, "q8")])
+@pytest.mark.parametrize("qtype, form", [(Q.Q5_0, "int5"), (Q.Q5_1, "int5"), (Q.Q8_0, "q8"), (Q.MXFP4, "mxfp4")])
 def test_wide_int_blocks_are_held_exactly(qtype: Q, form: str) -> None:
     """Q5_0 / Q5_1 (and Q5_K, checked on raw blocks below) become int5 weights, Q8_0 int8
-    values with their block scales, the file's values; the op's product equals the
-    dequantized weight's."""
+    values with their block scales, MXFP4 its e2m1 nibbles and exponent bytes, the file's
+    values; the op's product equals the dequantized weight's."""
     from kernels import cpu_native
 
     if not cpu_native.load():
@@ -88,6 +88,8 @@ def test_wide_int_blocks_are_held_exactly(qtype: Q, form: str) -> None:
     exact = torch.from_numpy(gguf.quants.dequantize(raw.data, qtype).reshape(48, 128))
     assert op.form == form
     assert rel_err(op.widen(0, 48, torch.float32), exact) < 1e-6
+    if qtype == Q.MXFP4:  # powers of two times small integers: bit for bit
+        assert torch.equal(op.widen(0, 48, torch.float32), exact)
     x = torch.randn(3, 128)
     assert rel_err(op(x), x @ exact.T) < quant_gemm_rtol(8 if form == "q8" else 5)
 
@@ -103,3 +105,28 @@ def test_q5_k_decoder_matches_gguf() -> None:
     q, s, o = decode_wide_int(raw, Q.Q5_K, 512)
     got = (q.reshape(4, -1, 32).astype(np.float32) * s[..., None] + o[..., None]).reshape(4, 512)
     assert np.array_equal(got, gguf.quants.dequantize(raw, Q.Q5_K).reshape(4, 512))
+
+
+def test_mxfp4_blocks_decode_exactly_and_outside_fp16_fall_back() -> None:
+    """MXFP4 (gpt-oss's experts): random raw blocks decode to ggml's values bit for bit; fused
+    beside Q8_0 they take the q8 form (d fp16), and a block scale fp16 cannot hold (2^-30)
+    sends the GEMM to another form, never a wrong one."""
+    from ignis.model.gguf_quant import decode_mxfp4, mxfp4_fits_q8
+
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 256, (5, 4, 17), dtype=np.uint8)
+    raw[..., 0] = rng.integers(110, 140, (5, 4))
+    raw = raw.reshape(5, -1)
+    q, d = decode_mxfp4(raw, 128)
+    got = (q.reshape(5, -1, 32).astype(np.float32) * d[..., None]).reshape(5, 128)
+    assert np.array_equal(got, gguf.quants.dequantize(raw, Q.MXFP4).reshape(5, 128))
+    assert mxfp4_fits_q8(raw, 128)
+    raw.reshape(5, 4, 17)[2, 1, 0] = 98  # 2^-30
+    assert not mxfp4_fits_q8(raw, 128)
+    plan = plan_weights("quantized", kind="gguf", device=torch.device("cpu"), max_num_seqs=1)
+    q8 = _stacked(rng.standard_normal((1, 3, 128)), Q.Q8_0).rows(0, 3)
+    mx = _Raw(SimpleNamespace(tensor_type=Q.MXFP4, shape=[128, 5], data=raw), None)
+    op = _build_linear([mx, q8], None, plan)
+    assert op.form != "q8"
+    want = np.concatenate([mx.dense(), q8.dense()])
+    assert rel_err(op.dense(), torch.from_numpy(want)) < 1e-2

@@ -51,6 +51,9 @@ def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> 
     """Valid random raw blocks: random bytes with finite fp16 scales where the type has them."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    if qtype == Q.MXFP4:  # an e8m0 exponent byte per block: weights of order 2^-8 .. 2^-1
+        raw[..., 0] = rng.integers(119, 127, raw.shape[:2])
+        return raw.reshape(rows, -1)
     halves = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q8_0: 1, Q.Q4_K: 2, Q.Q5_0: 1, Q.Q5_1: 2, Q.Q5_K: 2}[qtype]
     scales = rng.uniform(-0.1, 0.1, (rows, cols // block, halves)).astype(np.float16)
     raw[..., : 2 * halves] = scales.view(np.uint8).reshape(rows, cols // block, 2 * halves)
@@ -190,9 +193,42 @@ def test_int5_and_q8_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
 
 
 @pytest.mark.skipif(not cpu_native.load(), reason="the native op is not built here")
+def test_mxfp4_gemm_is_the_file_weight_times_x() -> None:
+    """The mxfp4 form (gpt-oss's experts: e2m1 nibbles, an e8m0 exponent per 32) holds the
+    file's values bit for bit, widened (bf16 too: powers of two times e2m1) and through its
+    GEMM on identity rows, and multiplies any row count within the tier's rounding, each
+    row's result independent of the step's other rows."""
+    from ignis.model.gguf_quant import decode_mxfp4_codes, decode_mxfp4_nibbles
+    from ignis.model.packed import Mx4Linear
+
+    rng = np.random.default_rng(4)
+    k = 256
+    for n in (1, 7, 64, 100):
+        raw = _random_blocks(rng, n, k, Q.MXFP4)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, Q.MXFP4).reshape(n, k))
+        op = Mx4Linear(*decode_mxfp4_nibbles(raw, k), None)  # the loader's: byte for byte, no codes
+        codes, exponents = decode_mxfp4_codes(raw, k)  # the codes in element order, paired here
+        assert np.array_equal(decode_mxfp4_nibbles(raw, k)[0], codes[:, 0::2] | (codes[:, 1::2] << 4))
+        assert np.array_equal(decode_mxfp4_nibbles(raw, k)[1], exponents)
+        assert op.nbytes == n * k // 2 + n * k // 32
+        assert torch.equal(op.widen(0, n, torch.float32), dense)
+        assert torch.equal(op.widen(0, n, torch.bfloat16).float(), dense)
+        eye = torch.eye(k)
+        assert torch.equal(torch.cat([op(eye[:128]), op(eye[128:])]).t(), dense)
+        for rows in (1, 2, 3, 4, 5, 9, 17):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            want = (x.double() @ dense.double().t()).float()
+            got = op(x)
+            rtol = quant_gemm_rtol(4)
+            torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+            assert torch.equal(got[-1:], op(x[-1:]))
+
+
+@pytest.mark.skipif(not cpu_native.load(), reason="the native op is not built here")
 def test_block_types_pick_the_narrowest_exact_form() -> None:
     """Per fused weight: all 4-bit blocks int4; 5-bit (with 4-bit) int5; Q8_0 with Q5_0 / Q4_0
-    (Gemma's q|k|v) q8; Q8_0 beside Q4_K int4 pairs; Q6_K torch's int8."""
+    (Gemma's q|k|v) q8; Q8_0 beside Q4_K int4 pairs; MXFP4 its own, beside Q8_0 q8; Q6_K
+    torch's int8."""
     from ignis.model.packed import _build_linear, _Raw
     from ignis.model.weight_plan import WeightPlan
 
@@ -203,7 +239,7 @@ def test_block_types_pick_the_narrowest_exact_form() -> None:
 
     plan = WeightPlan("quantized", int4=True)
     cases = {("Q4_K", "Q4_0"): "int4", ("Q5_0", "Q4_K"): "int5", ("Q5_K",): "int5", ("Q5_0", "Q8_0"): "q8",
-             ("Q8_0",): "q8", ("Q8_0", "Q4_K"): "int4x2"}
+             ("Q8_0",): "q8", ("Q8_0", "Q4_K"): "int4x2", ("MXFP4",): "mxfp4", ("MXFP4", "Q8_0"): "q8"}
     for types, form in cases.items():
         parts = [part(Q[t]) for t in types]
         op = _build_linear(parts, None, plan)

