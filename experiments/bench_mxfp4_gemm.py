@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from experiments.bench_cpu_linear import best_us  # noqa: E402
+
 SHAPES = {"gate_up": (5760, 2880), "down": (2880, 2880)}
-
-
-def best_us(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - start) / reps)
-    return best * 1e6
 
 
 def main() -> None:

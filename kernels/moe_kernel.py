@@ -30,6 +30,16 @@ def _find_expert(offsets_ptr, num_experts, tile, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _expert_rows(offsets_ptr, num_experts, tile, BLOCK_M: tl.constexpr):
+    """Row tile `tile`'s expert, its first row and its expert's end (first >= end: a tile
+    past the expert's rows, nothing to do)."""
+    e = _find_expert(offsets_ptr, num_experts, tile, BLOCK_M)
+    start = tl.load(offsets_ptr + e)
+    end = tl.load(offsets_ptr + e + 1)
+    return e, start + (tile - (start // BLOCK_M + e)) * BLOCK_M, end
+
+
+@triton.jit
 def _dot(a, b, acc, UPCAST: tl.constexpr, FP32_DOT: tl.constexpr):
     # The interpreter computes bf16 dots wrongly: it gets fp32 operands instead.
     if UPCAST:
@@ -57,10 +67,7 @@ def grouped_gemm_kernel(
 ):
     tile = tl.program_id(0)
     col_tile = tl.program_id(1)
-    e = _find_expert(offsets_ptr, num_experts, tile, BLOCK_M)
-    start = tl.load(offsets_ptr + e)
-    end = tl.load(offsets_ptr + e + 1)
-    row0 = start + (tile - (start // BLOCK_M + e)) * BLOCK_M
+    e, row0, end = _expert_rows(offsets_ptr, num_experts, tile, BLOCK_M)
     if row0 >= end:
         return
     rows = row0 + tl.arange(0, BLOCK_M)

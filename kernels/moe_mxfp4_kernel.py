@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.moe_kernel import _dot, _find_expert
+from kernels.moe_kernel import _dot, _expert_rows
 
 
 @triton.jit
@@ -60,10 +60,7 @@ def grouped_gemm_mxfp4_kernel(
     # w_ptr: the blocks as [E, N, K/2] bytes (a row's groups contiguous, 16 bytes each).
     tile = tl.program_id(0)
     col_tile = tl.program_id(1)
-    e = _find_expert(offsets_ptr, num_experts, tile, BLOCK_M)
-    start = tl.load(offsets_ptr + e)
-    end = tl.load(offsets_ptr + e + 1)
-    row0 = start + (tile - (start // BLOCK_M + e)) * BLOCK_M
+    e, row0, end = _expert_rows(offsets_ptr, num_experts, tile, BLOCK_M)
     if row0 >= end:
         return
     rows = row0 + tl.arange(0, BLOCK_M)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.moe_ref import GroupedGemm, glu, group_by_expert
+from kernels.moe_ref import GroupedGemm, moe_compose
 
 # e2m1 by nibble (bit 3 the sign): each times a power of two is exact in fp32 and bf16.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -86,13 +86,9 @@ def moe_mxfp4_ref(
     """kernels.moe_ref.moe_ref's composition over MXFP4 experts: gate_up [E, 2I, H] (gate rows
     first: gpt-oss's checkpoints interleave gate and up rows, so the loader de-interleaves
     them) and down [E, H, I], each as blocks + scales; x [T, H] -> [T, H]."""
-    num_tokens, top_k = ids.shape
-    order, offsets = group_by_expert(ids, gate_up_blocks.shape[0])
-    token = order // top_k
-    rows = x.index_select(0, token)
-    h = grouped_gemm(rows, gate_up_blocks, gate_up_scales, offsets, gate_up_bias)
-    gate, up = h.chunk(2, dim=-1)
-    y = grouped_gemm(glu(gate, up, activation, alpha, limit), down_blocks, down_scales, offsets, down_bias)
-    y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]
-    out = torch.zeros(num_tokens, down_blocks.shape[1], dtype=y.dtype, device=x.device)
-    return out.index_add_(0, token, y).to(x.dtype)
+    return moe_compose(
+        x, weights, ids, gate_up_blocks.shape[0], down_blocks.shape[1],
+        lambda rows, offsets: grouped_gemm(rows, gate_up_blocks, gate_up_scales, offsets, gate_up_bias),
+        lambda h, offsets: grouped_gemm(h, down_blocks, down_scales, offsets, down_bias),
+        activation, alpha, limit,
+    )

@@ -100,13 +100,28 @@ def moe_ref(
     """sum_j weights[t, j] * down_e(glu(gate_e(x_t), up_e(x_t))) with e = ids[t, j]:
     x [T, H], w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I] -> [T, H]; optional
     biases gate_up_bias [E, 2I], down_bias [E, H]; alpha / limit: swiglu_oai's (see glu)."""
+    return moe_compose(
+        x, weights, ids, w_gate_up.shape[0], w_down.shape[1],
+        lambda rows, offsets: grouped_gemm(rows, w_gate_up, offsets, gate_up_bias),
+        lambda h, offsets: grouped_gemm(h, w_down, offsets, down_bias),
+        activation, alpha, limit,
+    )
+
+
+def moe_compose(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int, hidden: int,
+    gate_up: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    down: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    activation: str, alpha: float, limit: float,
+) -> torch.Tensor:
+    """The MoE block around two grouped GEMMs, whatever holds the weights: the (token,
+    expert) pairs grouped by expert, gate_up(rows, offsets) [pairs, 2I] gate half first,
+    glu, down(h, offsets) [pairs, hidden], each pair weighted and summed into its token."""
     num_tokens, top_k = ids.shape
-    order, offsets = group_by_expert(ids, w_gate_up.shape[0])
+    order, offsets = group_by_expert(ids, num_experts)
     token = order // top_k
-    rows = x.index_select(0, token)
-    h = grouped_gemm(rows, w_gate_up, offsets, gate_up_bias)
-    gate, up = h.chunk(2, dim=-1)
-    y = grouped_gemm(glu(gate, up, activation, alpha, limit), w_down, offsets, down_bias)
+    gate, up = gate_up(x.index_select(0, token), offsets).chunk(2, dim=-1)
+    y = down(glu(gate, up, activation, alpha, limit), offsets)
     y = y * weights.reshape(-1)[order].to(y.dtype)[:, None]
-    out = torch.zeros(num_tokens, w_down.shape[1], dtype=y.dtype, device=x.device)
+    out = torch.zeros(num_tokens, hidden, dtype=y.dtype, device=x.device)
     return out.index_add_(0, token, y).to(x.dtype)

@@ -97,6 +97,13 @@ def hermes_tools_block(tools: Sequence[FunctionTool], choice: ToolChoice) -> str
     return text
 
 
+def oldest_droppable(messages: Sequence[ChatMessage]) -> int | None:
+    """Where `truncation: "auto"` cuts next: the oldest message that is not a system or
+    developer one, unless it is the last (None: nothing more may go)."""
+    first = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), None)
+    return None if first is None or first == len(messages) - 1 else first
+
+
 class Renderer:
     def __init__(self, tokenizer: Any, template: ChatTemplate, *, reasoning: bool | None = None) -> None:
         self.tokenizer = tokenizer
@@ -266,8 +273,8 @@ class Renderer:
         dropped = 0
         if truncate and max_tokens is not None:
             while over is not None or len(ids) > max_tokens:
-                first = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), None)
-                if first is None or first == len(messages) - 1:
+                first = oldest_droppable(messages)
+                if first is None:
                     break  # only the last message left: the caller refuses
                 del messages[first]
                 dropped += 1

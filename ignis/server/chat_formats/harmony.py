@@ -15,7 +15,7 @@ from ignis.server.chat_formats.harmony_grammar import HARMONY_TOKENS, HarmonyGra
 from ignis.server.chat_formats.harmony_parser import HarmonyParser
 from ignis.server.chat_formats.harmony_render import build_conversation, render_ids
 from ignis.server.chat_formats.o200k import harmony_encoding
-from ignis.server.render import Prompt
+from ignis.server.render import Prompt, oldest_droppable
 from protocol.conversation import ChatMessage, FunctionTool, ToolChoice
 from protocol.errors import Refusal
 
@@ -72,8 +72,8 @@ class HarmonyRenderer:
         out = ids()
         dropped = 0
         while truncate and max_tokens is not None and len(out) > max_tokens:
-            first = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), None)
-            if first is None or first == len(messages) - 1:
+            first = oldest_droppable(messages)
+            if first is None:
                 break  # only the last message left: the caller refuses
             del messages[first]
             dropped += 1
