@@ -219,7 +219,7 @@ def test_mxfp4_gemm_is_the_file_weight_times_x() -> None:
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             want = (x.double() @ dense.double().t()).float()
             got = op(x)
-            rtol = quant_gemm_rtol(4)
+            rtol = quant_gemm_rtol(4, mxfp4=True)
             torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
             assert torch.equal(got[-1:], op(x[-1:]))
 
@@ -368,6 +368,10 @@ def test_int8_dynamic_head_matches_its_weight(full_range: bool) -> None:
     """Int8 weights (one scale per row) times activations quantized to 8 bits (7 without
     VNNI): within 3% (6%) of the largest logit (each side rounds to 1/255 of its range;
     measured ~1.5% here, and ~4% of SmolLM2's largest logit over its outlier activation dims)."""
+    if full_range and not cpu_platform.current().int8_dynamic_full_range:
+        # fbgemm's full-range products saturate without VNNI (23% off, measured on a Zen 3):
+        # the loader never asks for them there (cpu_platform.int8_dynamic_full_range)
+        pytest.skip("full-range int8 products are exact only with AVX512-VNNI")
     dense = _q8_table(4, 500, 96).dense()
     head = Int8DynamicHead(dense, full_range)
     x = torch.randn(6, 96, generator=torch.Generator().manual_seed(1))
