@@ -15,6 +15,9 @@ CLIENTS := tests/clients
 # the test extra in pyproject.toml), and Codex CLI.
 CLIENT_PACKAGES := 'openai[realtime]>=2' 'openai-agents>=0.4'
 APT_PACKAGES := chromium chromium-driver
+# SIMDe's headers: tests/kernels/test_quant_gemm_emulated.py runs the AVX-512 GEMM bodies
+# through them on CPUs without AVX-512.
+SIMDE_HEADER := /usr/include/simde/x86/avx512.h
 
 # llama.cpp's GGUF converter (convert_hf_to_gguf.py, its conversion/ and gguf-py/), taken
 # from the llama-cpp-python sdist without building it: tests/model/test_families.py
@@ -24,7 +27,7 @@ LLAMACPP_CACHE := .cache/llamacpp
 LLAMACPP_TREE := llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp
 CONVERTER := $(LLAMACPP_CACHE)/$(LLAMACPP_TREE)/convert_hf_to_gguf.py
 
-.PHONY: serve test bench install clients browser converter
+.PHONY: serve test bench install clients browser simde converter
 .DEFAULT_GOAL := serve
 
 $(PY):
@@ -68,6 +71,9 @@ converter: $(CONVERTER)
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends $(APT_PACKAGES); }
 
+simde:
+	@test -f $(SIMDE_HEADER) || { apt-get update -q && apt-get install -y -q --no-install-recommends libsimde-dev; }
+
 # Serves the embedded model on 127.0.0.1:8000 (OpenAI base_url http://127.0.0.1:8000/v1).
 # ARGS passes Hydra overrides, e.g. make serve ARGS='server.port=9000 server.api_key=sk-local'
 serve: $(VENV)/.runtime
@@ -78,7 +84,7 @@ serve: $(VENV)/.runtime
 # see kernels/cpu_platform.py). CAPPED_TESTS= skips it.
 CAPPED_TESTS ?= tests/model tests/engine tests/test_readme.py
 
-test: $(VENV)/.test clients browser converter
+test: $(VENV)/.test clients browser simde converter
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	@host=$$($(PY) -c 'from kernels import cpu_platform as c; print(c.current().host_level)'); \
 	tier=$$($(PY) -c 'from kernels import cpu_platform as c; print(c.tier_below("'$$host'"))'); \

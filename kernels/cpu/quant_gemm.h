@@ -33,6 +33,15 @@
 // integer multiply-adds (16 products an instruction, exact in int32), and each group's sum
 // is scaled once: s * 2^e * sum_k q xq. A power of two keeps x's exact values where they fit
 // (the identity's ones, zeros) and the scaling exact.
+//
+// kMX4 with AVX512-VNNI: the fp32 lookups cost three shuffles per 32 weights, and decode
+// steps of gpt-oss are mostly these GEMMs. There a byte shuffle turns 64 nibbles into 2 * e2m1
+// + 12 (unsigned, in [0, 24]) and vpdpbusd multiplies them into x as bytes, four products a
+// lane. x is the int16 above at 14 bits (|xq| <= 2^14: within 2^-15 of the group's largest
+// |x|) split exactly into two signed bytes, xq = 256 h + l (two products per weight, none of
+// x's precision lost to bytes); the + 12 comes back out as -12 * sum(xq), once per group and
+// call. Verified on AVX2 machines too, through SIMDe (tests/kernels/qgemm_emulated.cpp). One load holds a group of four rows (the blocks of eight, below), and
+// the int32 sums (exact) are scaled once per group by the row's 2^e times x's power.
 
 #pragma once
 
@@ -45,7 +54,25 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// The AVX-512 bodies, and kMX4's VNNI one among them: where the compiler targets them, or
+// where a test sets these itself (tests/kernels/qgemm_emulated.cpp runs them through SIMDe's
+// emulation on a CPU without AVX-512).
+#ifndef IGNIS_QGEMM_AVX512
+#if defined(__AVX512F__)
+#define IGNIS_QGEMM_AVX512 1
+#else
+#define IGNIS_QGEMM_AVX512 0
+#endif
+#endif
+#ifndef IGNIS_QGEMM_MX4_VNNI
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define IGNIS_QGEMM_MX4_VNNI 1
+#else
+#define IGNIS_QGEMM_MX4_VNNI 0
+#endif
+#endif
+
+#if IGNIS_QGEMM_AVX512 || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -103,7 +130,7 @@ inline float half_to_float(uint16_t h) {
 // Whether a format reads x as int16 (below): kQ8 wherever AVX2 is, kQ4/kQ5 on AVX2 without
 // AVX-512 (AVX-512 looks their weights up as fp32 instead).
 constexpr bool int16_x(Format f) {
-#if defined(__AVX512F__)
+#if IGNIS_QGEMM_AVX512
   return f == kQ8;
 #elif IGNIS_QGEMM_INT16_X
   return true;
@@ -112,18 +139,57 @@ constexpr bool int16_x(Format f) {
 #endif
 }
 
+// Whether a format reads x as bytes (kMX4 with AVX512-VNNI, above).
+constexpr bool byte_x(Format f) {
+#if IGNIS_QGEMM_MX4_VNNI
+  return f == kMX4;
+#else
+  return false;
+#endif
+}
+
 // x as the format reads it. kQ4/kQ5 ("interleaved"): xe [T, K/2] (x[2i]), xo [T, K/2]
 // (x[2i+1]), xs [T, G] (group sums, from fp32 x); kQ8: x itself. As int16 (int16_x): per
 // group, xq [T, K] (interleaved: the 16 even then the 16 odd elements; kQ8: in order) and
-// the power of two that scales them, xp [T, G], in place of xe, xo and x.
+// the power of two that scales them, xp [T, G], in place of xe, xo and x. As bytes (byte_x):
+// per group 64 int8, the 16 even elements' l, the 16 odd ones' l, then their h (xq = 256 h
+// + l, 14-bit xq), xc [T, G, 4] int32: -12 times each 4-lane's sum of xq (lane j: elements 2i
+// and 2i + 1, i in [4j, 4j + 4)), and xp halved (the weights come doubled).
 struct Split {
   std::vector<float> xe, xo, xs;
   const float* xn = nullptr;
   std::vector<int16_t> xq;
+  std::vector<int8_t> x8;
+  std::vector<int32_t> xc;
   std::vector<float> xp;
   int64_t T, K, K2, G;
 
-  Split(const float* x, int64_t T_, int64_t K_, bool interleaved, bool int16) : T(T_), K(K_), K2(K_ / 2), G(K_ / kGroup) {
+  Split(const float* x, int64_t T_, int64_t K_, bool interleaved, bool int16, bool bytes = false)
+      : T(T_), K(K_), K2(K_ / 2), G(K_ / kGroup) {
+    if (bytes) {
+      x8.resize(T * G * 64);
+      xc.resize(T * G * 4);
+      xp.resize(T * G);
+      int16_t v[kGroup];
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t tg = t * G + g;
+          to_int16(x + t * K + g * kGroup, true, v, &xp[tg], 14);
+          xp[tg] *= 0.5f;
+          int8_t* b = x8.data() + tg * 64;
+          for (int i = 0; i < kGroup; ++i) {  // i < 16: even elements, else odd (interleaved)
+            const int h = (v[i] + 128) >> 8;   // |v| <= 2^14: h in [-64, 64], l in [-128, 128)
+            b[i] = int8_t(v[i] - 256 * h);
+            b[32 + i] = int8_t(h);
+          }
+          for (int j = 0; j < 4; ++j) {
+            int32_t sum = 0;
+            for (int i = 4 * j; i < 4 * j + 4; ++i) sum += v[i] + v[16 + i];
+            xc[tg * 4 + j] = -12 * sum;
+          }
+        }
+      return;
+    }
     if (interleaved) xs.assign(T * G, 0.0f);
     if (int16) {
       xq.resize(T * K);
@@ -153,8 +219,8 @@ struct Split {
     }
   }
 
-  // One group of 32 as int16 (interleaved or in order) and its power of two.
-  static void to_int16(const float* v, bool interleaved, int16_t* out, float* power) {
+  // One group of 32 as int16 (interleaved or in order, |out| <= 2^bits) and its power of two.
+  static void to_int16(const float* v, bool interleaved, int16_t* out, float* power, int bits = 15) {
 #if IGNIS_QGEMM_INT16_X
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -167,11 +233,11 @@ struct Split {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
-    // The smallest 2^e with amax / 2^e < 2^15 (rounding may reach 32768: packs saturates).
+    // The smallest 2^e with amax / 2^e < 2^bits (rounding may reach 2^15: packs saturates).
     int e = 0;
     if (amax > 0.0f) {
       std::frexp(amax, &e);  // amax = m * 2^e, m in [0.5, 1): amax < 2^e
-      e -= 15;
+      e -= bits;
     }
     const __m256 scale = _mm256_set1_ps(std::ldexp(1.0f, -e));
     __m256i i[4];
@@ -189,7 +255,7 @@ struct Split {
     }
     *power = std::ldexp(1.0f, e);
 #else
-    (void)v, (void)interleaved, (void)out, (void)power;  // int16_x() is false without AVX2
+    (void)v, (void)interleaved, (void)out, (void)power, (void)bits;  // int16_x() is false without AVX2
 #endif
   }
 };
@@ -206,7 +272,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
   const int64_t K = x.K, K2 = x.K2, G = x.G;
   float zero[NB][TB] = {};
   float dot[NB][TB];
-#if defined(__AVX512F__)
+#if IGNIS_QGEMM_AVX512
   if constexpr (F == kQ8) {
     // 32 int8 weights widened to int16 against x's 32 int16 (Split), 16 pairwise products
     // summed an instruction (exact in int32), each group's sums scaled once: d * 2^e.
@@ -233,6 +299,74 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     if (g < G) step(g, acc[0]);
     for (int r = 0; r < NB; ++r)
       for (int t = 0; t < TB; ++t) dot[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
+#if IGNIS_QGEMM_MX4_VNNI
+  } else if constexpr (byte_x(F)) {
+    // Four rows a 512-bit register (a 128-bit quarter each, four int32 lanes a row), or one
+    // row in 128 bits (NB = 1: the tail rows); the same operations on every lane either way.
+    static_assert(NB == 1 || NB % 4 == 0, "rows of kMX4 go four to a register");
+    constexpr int C = NB >= 4 ? NB / 4 : 1;
+    const __m128i lut128 = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);  // 2 e2m1 + 12
+    const __m512i lut = _mm512_broadcast_i32x4(lut128), nib = _mm512_set1_epi8(15);
+    // each quarter q's four lanes take exponent byte q (zero-extended)
+    const __m512i ectl = _mm512_set_epi32(0x80808003, 0x80808003, 0x80808003, 0x80808003, 0x80808002, 0x80808002,
+                                          0x80808002, 0x80808002, 0x80808001, 0x80808001, 0x80808001, 0x80808001,
+                                          0x80808000, 0x80808000, 0x80808000, 0x80808000);
+    const __m512 tiny = _mm512_set1_ps(e8m0_to_float(0));
+    __m512 acc[C][TB];
+    __m128 acc1[TB];
+    for (int t = 0; t < TB; ++t) {
+      acc1[t] = _mm_setzero_ps();
+      for (int c = 0; c < C; ++c) acc[c][t] = _mm512_setzero_ps();
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      if constexpr (NB == 1) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + 16 * w.unit(n0, g)));
+        const __m128i lo = _mm_shuffle_epi8(lut128, _mm_and_si128(b, _mm_set1_epi8(15)));
+        const __m128i hi = _mm_shuffle_epi8(lut128, _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15)));
+        const __m128 ws = _mm_set1_ps(e8m0_to_float(w.e[w.unit(n0, g)]));
+        for (int t = 0; t < TB; ++t) {
+          const int64_t tg = (t0 + t) * G + g;
+          const int8_t* xb = x.x8.data() + tg * 64;
+          const auto ld = [&](int o) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + o)); };
+          const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.xc.data() + tg * 4));
+          const __m128i h = _mm_dpbusd_epi32(_mm_dpbusd_epi32(_mm_setzero_si128(), lo, ld(32)), hi, ld(48));
+          const __m128i l = _mm_dpbusd_epi32(_mm_dpbusd_epi32(c0, lo, ld(0)), hi, ld(16));
+          const __m128i sum = _mm_add_epi32(l, _mm_slli_epi32(h, 8));
+          acc1[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(sum), _mm_mul_ps(ws, _mm_set1_ps(x.xp[tg])), acc1[t]);
+        }
+      } else {
+        for (int c = 0; c < C; ++c) {
+          const int64_t u = w.unit(n0 + 4 * c, g);  // the four rows' units lie side by side
+          const __m512i b = _mm512_loadu_si512(w.q + 16 * u);
+          const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, nib));
+          const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib));
+          uint32_t eb;
+          std::memcpy(&eb, w.e + u, 4);
+          const __m512i ei = _mm512_shuffle_epi8(_mm512_set1_epi32(int32_t(eb)), ectl);
+          // 2^(e - 127) built in the exponent field; e = 0 (2^-127, a subnormal) apart
+          const __m512 ws = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(ei, _mm512_setzero_si512()),
+                                                 _mm512_castsi512_ps(_mm512_slli_epi32(ei, 23)), tiny);
+          for (int t = 0; t < TB; ++t) {
+            const int64_t tg = (t0 + t) * G + g;
+            const int8_t* xb = x.x8.data() + tg * 64;
+            const auto ld = [&](int o) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + o))); };
+            const __m512i c0 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.xc.data() + tg * 4)));
+            const __m512i h = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ld(32)), hi, ld(48));
+            const __m512i l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c0, lo, ld(0)), hi, ld(16));
+            const __m512i sum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 8));
+            acc[c][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_set1_ps(x.xp[tg])), acc[c][t]);
+          }
+        }
+      }
+    }
+    for (int t = 0; t < TB; ++t) {  // each row's four lanes, in one fixed order
+      alignas(64) float lanes[C * 16];
+      if constexpr (NB == 1) _mm_store_ps(lanes, acc1[t]);
+      else
+        for (int c = 0; c < C; ++c) _mm512_store_ps(lanes + 16 * c, acc[c][t]);
+      for (int r = 0; r < NB; ++r) dot[r][t] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+    }
+#endif
   } else {
     // Each group's possible weights q * s + o as a table (16 entries, or 32 in two registers),
     // looked up by the values: no int-to-float conversion, and the offset comes with the weight.
@@ -306,7 +440,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     }
   }
 #endif
-#if !defined(__AVX512F__) && IGNIS_QGEMM_INT16_X  // (int16_x(F): every format here)
+#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X  // (int16_x(F): every format here)
   __m256 acc[2][TB];
   for (int t = 0; t < TB; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi16(15), sixteen = _mm256_set1_epi16(16);
@@ -365,7 +499,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     v = _mm_add_ps(v, _mm_movehl_ps(v, v));
     dot[0][t] = _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
   }
-#elif !defined(__AVX512F__)
+#elif !IGNIS_QGEMM_AVX512
   // Sixteen lanes per row of x, summed in a fixed order at the end: elementwise loops the
   // compiler vectorizes without reordering any sum (an `omp simd` reduction may order its
   // sum by the code around it, and results must not depend on TB).
@@ -420,7 +554,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
 template <Format F>
 inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64_t T, float* y) {
   int64_t t0 = 0;
-#if defined(__AVX512F__)
+#if IGNIS_QGEMM_AVX512
   if constexpr (F != kQ8) {
     int64_t n = n0;
     for (; n + 8 <= n1; n += 8) {
@@ -448,7 +582,7 @@ constexpr int64_t kTileRows = 8;
 
 template <Format F>
 inline void run(const Weights& w, const float* x, int64_t T, float* y) {
-  const Split xs(x, T, w.K, F != kQ8, int16_x(F));
+  const Split xs(x, T, w.K, F != kQ8, int16_x(F), byte_x(F));
   // Enough weights per task to be worth a thread; a small GEMM stays on this one.
   const int64_t grain =
       std::max<int64_t>(kTileRows, (int64_t(1) << 18) / std::max<int64_t>(1, w.K * T)) / kTileRows * kTileRows;

@@ -17,15 +17,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def quant_gemm_rtol(bits: int = 4) -> float:
+def quant_gemm_rtol(bits: int = 4, mxfp4: bool = False) -> float:
     """How close the native quantized GEMMs come to the file's weight times x (relative to
     the largest output): fp32 activations, or int16 ones per group of 32 (within 2^-15 of
-    each group's largest |x|, kernels/cpu/quant_gemm.h) on the AVX2 tier, and for the 8-bit
-    form wherever AVX2 is (AVX-512 too)."""
+    each group's largest |x|, kernels/cpu/quant_gemm.h) on the AVX2 tier, for the 8-bit
+    form wherever AVX2 is (AVX-512 too), and for MXFP4 where AVX512-VNNI is."""
     from kernels import cpu_platform
 
-    level = cpu_platform.current().level
-    return 3e-4 if level == "avx2" or (bits == 8 and level != "portable") else 1e-5
+    p = cpu_platform.current()
+    vnni = p.level == "avx512" and "avx512_vnni" in p.flags
+    return 3e-4 if p.level == "avx2" or (bits == 8 and p.level != "portable") or (mxfp4 and vnni) else 1e-5
 
 
 def block_tables_for(lengths: Sequence[int], block_size: int) -> list[list[int]]:

@@ -1,0 +1,146 @@
+// quant_gemm.h's AVX-512 bodies on a CPU without AVX-512: SIMDe (Debian's libsimde-dev)
+// stands in for the intrinsics, so an AVX2 machine checks what an AVX-512 one runs (its
+// VNNI kMX4 body included, -DIGNIS_QGEMM_MX4_VNNI=1). Built and run by
+// tests/kernels/test_quant_gemm_emulated.py; the host compiles for AVX2 (SIMDe's emulation
+// uses it where it can). Each format's weights are drawn at random in its layout, y = x W^T
+// is checked against a float64 product of the weights as the format defines them, and each
+// row of x alone must give that row's result bit for bit. Prints one line per case, exits 1
+// on any difference beyond the tolerance.
+#include <immintrin.h>
+
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+
+// What SIMDe 0.7.4 lacks (a sum's order does not matter here: each row's results are
+// compared with the same build's).
+static inline simde__m512 ignis_cvtepi32_ps(simde__m512i a) {
+  simde__m512_private r;
+  simde__m512i_private v = simde__m512i_to_private(a);
+  for (int i = 0; i < 16; ++i) r.f32[i] = float(v.i32[i]);
+  return simde__m512_from_private(r);
+}
+static inline simde__m512i ignis_cvtepu8_epi32(simde__m128i a) {
+  simde__m512i_private r;
+  simde__m128i_private v = simde__m128i_to_private(a);
+  for (int i = 0; i < 16; ++i) r.i32[i] = v.u8[i];
+  return simde__m512i_from_private(r);
+}
+static inline float ignis_reduce_add_ps(simde__m512 a) {
+  simde__m512_private v = simde__m512_to_private(a);
+  float s = 0.0f;
+  for (int i = 0; i < 16; ++i) s += v.f32[i];
+  return s;
+}
+#undef _mm512_madd_epi16  // SIMDe 0.7.4's alias takes the masked form's four arguments
+#define _mm512_madd_epi16(a, b) simde_mm512_madd_epi16(a, b)
+#define _mm512_cvtepi32_ps ignis_cvtepi32_ps
+#define _mm512_cvtepu8_epi32 ignis_cvtepu8_epi32
+#define _mm512_reduce_add_ps ignis_reduce_add_ps
+
+#define IGNIS_QGEMM_AVX512 1
+#include "../../kernels/cpu/quant_gemm.h"
+
+#include <cstdio>
+#include <random>
+
+using qgemm::Format;
+
+namespace {
+
+struct Case {
+  Format f;
+  int64_t N, K;
+  std::vector<uint8_t> q;
+  std::vector<uint32_t> qh;
+  std::vector<float> so;
+  std::vector<uint16_t> d;
+  std::vector<uint8_t> e;
+
+  qgemm::Weights weights() const {
+    return {f, q.data(), qh.empty() ? nullptr : qh.data(), so.empty() ? nullptr : so.data(),
+            d.empty() ? nullptr : d.data(), e.empty() ? nullptr : e.data(), N, K};
+  }
+
+  // W[n, k] as the format defines it (quant_gemm.h's header).
+  double at(int64_t n, int64_t k) const {
+    const qgemm::Weights w = weights();
+    const int64_t g = k / qgemm::kGroup, i = (k % qgemm::kGroup) / 2, G = K / qgemm::kGroup;
+    if (f == qgemm::kQ8) return double(int8_t(q[n * K + k])) * qgemm::half_to_float(d[n * G + g]);
+    const uint8_t byte = q[16 * w.unit(n, g) + i];
+    int v = k % 2 ? byte >> 4 : byte & 15;
+    if (f == qgemm::kMX4) return double(qgemm::kE2M1[v]) * qgemm::e8m0_to_float(e[w.unit(n, g)]);
+    if (f == qgemm::kQ5) v |= int((qh[w.unit(n, g)] >> (k % 2 ? 16 + i : i)) & 1) << 4;
+    return double(v) * so[2 * w.unit(n, g)] + so[2 * w.unit(n, g) + 1];
+  }
+};
+
+Case random_case(Format f, int64_t N, int64_t K, std::mt19937& rng) {
+  Case c{f, N, K};
+  const int64_t G = K / qgemm::kGroup;
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  c.q.resize(f == qgemm::kQ8 ? N * K : N * K / 2);
+  for (auto& b : c.q) b = uint8_t(byte(rng));
+  if (f == qgemm::kQ8) {
+    c.d.resize(N * G);
+    for (auto& h : c.d) h = c10::Half(std::abs(normal(rng)) + 1e-3f).x;
+  } else if (f == qgemm::kMX4) {
+    c.e.resize(N * G);
+    std::uniform_int_distribution<int> exponent(118, 128);
+    for (auto& x : c.e) x = uint8_t(exponent(rng));
+    c.e[0] = 0;  // e8m0's 0 (2^-127) once
+  } else {
+    c.so.resize(N * G * 2);
+    for (int64_t u = 0; u < N * G; ++u) c.so[2 * u] = std::abs(normal(rng)), c.so[2 * u + 1] = normal(rng);
+    if (f == qgemm::kQ5) {
+      c.qh.resize(N * G);
+      for (auto& h : c.qh) h = uint32_t(rng());
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(7);
+  int failures = 0;
+  for (Format f : {qgemm::kQ4, qgemm::kQ5, qgemm::kQ8, qgemm::kMX4})
+    for (int64_t N : {1, 7, 8, 12, 64, 100})
+      for (int64_t K : {64, 256}) {
+        const Case c = random_case(f, N, K, rng);
+        const qgemm::Weights w = c.weights();
+        for (int64_t T : {1, 2, 3, 4, 5, 9}) {
+          std::normal_distribution<float> normal(0.0f, 1.0f);
+          std::vector<float> x(T * K), y(T * N), one(N);
+          for (auto& v : x) v = normal(rng);
+          x[0] = 0.0f;  // a zero and an exactly representable one
+          x[1] = 1.0f;
+          qgemm::gemm(w, x.data(), T, y.data());
+          double worst = 0.0, top = 0.0;
+          bool alone = true;
+          std::vector<double> want(T * N);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = 0; n < N; ++n) {
+              double s = 0.0;
+              for (int64_t k = 0; k < K; ++k) s += c.at(n, k) * double(x[t * K + k]);
+              want[t * N + n] = s;
+              top = std::max(top, std::abs(s));
+            }
+          for (int64_t i = 0; i < T * N; ++i) worst = std::max(worst, std::abs(double(y[i]) - want[i]));
+          for (int64_t t = 0; t < T; ++t) {
+            qgemm::gemm(w, x.data() + t * K, 1, one.data());
+            for (int64_t n = 0; n < N; ++n) alone = alone && one[n] == y[t * N + n];
+          }
+          // int16 x (kQ8; kMX4 with VNNI): within 2^-14 of a group's largest |x|
+          const bool int16 = f == qgemm::kQ8 || (f == qgemm::kMX4 && IGNIS_QGEMM_MX4_VNNI);
+          const double rtol = int16 ? 3e-4 : 1e-5;
+          const bool ok = worst <= rtol * top && alone;
+          failures += !ok;
+          std::printf("%s format %d N %ld K %ld T %ld: worst %.3g of %.3g%s\n", ok ? "ok" : "FAIL", int(f), long(N),
+                      long(K), long(T), worst, top, alone ? "" : ", a row alone differs");
+        }
+      }
+  std::printf("vnni %d: %d failures\n", IGNIS_QGEMM_MX4_VNNI, failures);
+  return failures ? 1 : 0;
+}
