@@ -104,11 +104,14 @@ class ModelSettings:
     # How GGUF weights are held on the CPU (ignis/model/packed.py); auto keeps the file's
     # quantization for a one-user engine (engine.max_num_seqs <= 4), bf16 when it batches.
     weight_form: WeightForm = WeightForm.auto
+    # Set by the group files of models ignis does not ship (gguf, hf, gpt-oss): there a
+    # missing model.path is an error, not the embedded model served under the group's name.
+    requires_path: bool = False
 
     def missing(self) -> str | None:
         """The key this format needs and lacks. (A group file's ``???`` does not survive the
         merge onto the schema's null, so it is checked here.)"""
-        if self.format == ModelFormat.hf and not self.path:
+        if (self.requires_path or self.format == ModelFormat.hf) and not self.path:
             return "model.path"
         if self.format == ModelFormat.scripted and not self.script:
             return "model.script"

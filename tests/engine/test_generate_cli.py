@@ -40,8 +40,10 @@ def test_cli_runs_the_engine(tiny_dir: Path) -> None:
 
 def test_a_model_format_without_its_file_is_one_line_and_exit_2() -> None:
     # `path: ???` in a group file does not survive the merge onto the schema's null, so
-    # `+model=hf` alone used to load the embedded GGUF as a directory (a traceback).
-    for module, model, key in [("ignis.serve", "hf", "model.path"), ("ignis.generate", "scripted", "model.script")]:
+    # `+model=hf` alone used to load the embedded GGUF as a directory (a traceback), and
+    # `+model=gguf` or `+model=gpt-oss` alone served the embedded model under their names.
+    for module, model, key in [("ignis.serve", "hf", "model.path"), ("ignis.generate", "scripted", "model.script"),
+                               ("ignis.serve", "gguf", "model.path"), ("ignis.serve", "gpt-oss", "model.path")]:
         proc = subprocess.run([sys.executable, "-m", module, f"+model={model}"], cwd=ROOT, capture_output=True,
                               text=True, timeout=120, check=False)
         assert proc.returncode == 2, proc.stderr
