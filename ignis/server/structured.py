@@ -57,12 +57,17 @@ from protocol.structured import TextFormat
 __all__ = ["CallGrammar", "HERMES", "HermesGrammar", "output_grammar", "tool_arguments"]
 
 _ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
-_INPUT_OPEN = json.dumps('{"input": ')  # a custom tool's arguments: {"input": STRING}
+# How a chat format's model writes JSON (its separators, no other whitespace): Hermes-style
+# templates show json.dumps's ", " and ": " (JSON_OPTIONS); gpt-oss writes harmony's
+# arguments compact ({"location":"Paris"}, as openai-harmony's examples do).
+JsonLayout = Mapping[str, str]
+SPACED: JsonLayout = {"item_separator": JSON_OPTIONS["item_separator"], "key_separator": JSON_OPTIONS["key_separator"]}
+COMPACT: JsonLayout = {"item_separator": ",", "key_separator": ":"}
 
 
-def _with_options(schema: Mapping[str, Any], strict: bool) -> dict[str, Any]:
-    """The schema with the engine's JSON layout (and leniency for non-strict schemas)."""
-    options = dict(JSON_OPTIONS, lenient=not strict)
+def _with_options(schema: Mapping[str, Any], strict: bool, layout: JsonLayout = SPACED) -> dict[str, Any]:
+    """The schema with the format's JSON layout (and leniency for non-strict schemas)."""
+    options = dict(JSON_OPTIONS, **layout, lenient=not strict)
     return {**schema, "x-guidance": options}
 
 
@@ -89,8 +94,8 @@ def _tag(text: str, tokenizer: Any) -> str:
     return f"<[{token}]>" if token is not None else _lit(text)
 
 
-def _json(schema: Mapping[str, Any], strict: bool) -> str:
-    return "%json " + json.dumps(_with_options(schema, strict), ensure_ascii=False)
+def _json(schema: Mapping[str, Any], strict: bool, layout: JsonLayout = SPACED) -> str:
+    return "%json " + json.dumps(_with_options(schema, strict, layout), ensure_ascii=False)
 
 
 def _refuse_with_grammar(sampling: SamplingFields) -> None:
@@ -107,27 +112,29 @@ ToolArgs = list[tuple[list[FunctionTool], str]]  # tools and the rule of their a
 
 
 def tool_arguments(tools: Sequence[FunctionTool], lt: Any, tool_param: Callable[[str], str],
-                   checks: Checks) -> tuple[list[str], ToolArgs]:
+                   checks: Checks, layout: JsonLayout = SPACED) -> tuple[list[str], ToolArgs]:
     """The rules of each tool's arguments, whatever the format spells around them: the
     tool's schema (strict), ``{"input": STRING}`` (custom: the string its grammar accepts)
-    or, in one rule for all such tools (a grammar's symbols are bounded), any JSON object."""
+    or, in one rule for all such tools (a grammar's symbols are bounded), any JSON object;
+    each in the format's JSON `layout`."""
+    input_open = _lit('{"input"' + layout["key_separator"])  # a custom tool's arguments: {"input": STRING}
     rules: list[str] = []
     groups: ToolArgs = []
     plain: list[FunctionTool] = []
     for k, tool in enumerate(tools):
         if tool.is_custom:
-            rules.append(f"args_{k}: {_INPUT_OPEN} input_{k} {_lit(chr(125))}")
+            rules.append(f"args_{k}: {input_open} input_{k} {_lit(chr(125))}")
             rules.append(f"input_{k}: {_custom_input(tool, lt)}")
         elif tool.strict and tool.parameters:
             checks.append(partial(_check, tool.parameters, True, lt, owner=f"function '{tool.name}'",
                                   param=tool_param(tool.name), code="invalid_function_parameters"))
-            rules.append(f"args_{k}: {_json(tool.parameters, True)}")
+            rules.append(f"args_{k}: {_json(tool.parameters, True, layout)}")
         else:
             plain.append(tool)
             continue
         groups.append(([tool], f"args_{k}"))
     if plain:
-        rules.append(f"any_args: {_json(_ANY_OBJECT, False)}")
+        rules.append(f"any_args: {_json(_ANY_OBJECT, False, layout)}")
         groups.append((plain, "any_args"))
     return rules, groups
 
@@ -221,7 +228,10 @@ class CallGrammar(Protocol):
     """How a chat format spells a constrained answer around the shared parts (the rules
     ``answer``, a JSON format's value, and each tool's arguments, `tool_arguments`): its
     ``start`` rule and the rest. `mode`: "calls" (a demanded call), "answer" (a JSON
-    format, or calls when tools may be called) or "lazy" (free text, each call held)."""
+    format, or calls when tools may be called) or "lazy" (free text, each call held).
+    `json_layout`: how the format's model writes JSON (arguments and a JSON answer)."""
+
+    json_layout: JsonLayout
 
     def rules(self, *, mode: str, answer: bool, tools: Sequence[FunctionTool], parser: ParserConfig,
               tokenizer: Any, lt: Any, tool_param: Callable[[str], str], checks: Checks, parallel: bool,
@@ -230,6 +240,8 @@ class CallGrammar(Protocol):
 
 class HermesGrammar:
     """Hermes ``<tool_call>`` blocks after an optional think block (every format but harmony)."""
+
+    json_layout = SPACED
 
     def rules(self, *, mode: str, answer: bool, tools: Sequence[FunctionTool], parser: ParserConfig,
               tokenizer: Any, lt: Any, tool_param: Callable[[str], str], checks: Checks, parallel: bool,
@@ -298,7 +310,7 @@ def output_grammar(
         checks.append(partial(_check, answer_json, strict_format, lt,
                               owner=f"response_format '{text_format.name or 'json_object'}'", param=where,
                               code="invalid_json_schema"))
-        rules.append(f"answer: {_json(answer_json, strict_format)}")
+        rules.append(f"answer: {_json(answer_json, strict_format, (spelling or HERMES).json_layout)}")
     rules += (spelling or HERMES).rules(
         mode=mode, answer=answer_json is not None, tools=callable_tools, parser=parser, tokenizer=tokenizer, lt=lt,
         tool_param=tool_param, checks=checks, parallel=parallel, think_budget=think_budget,

@@ -503,7 +503,7 @@ def _accepts(o200k: Any, grammar: Any, text: str) -> bool:
 
 
 ANALYSIS = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
-CALL_PICK = '<|channel|>commentary to=functions.pick <|constrain|>json<|message|>{"n": 3}<|call|>'
+CALL_PICK = '<|channel|>commentary to=functions.pick <|constrain|>json<|message|>{"n":3}<|call|>'
 
 
 def test_harmony_grammar_under_auto_with_a_strict_tool(o200k):
@@ -515,11 +515,14 @@ def test_harmony_grammar_under_auto_with_a_strict_tool(o200k):
         ANALYSIS + CALL_PICK,
         # a preamble before a call; the recipient first, as harmony renders past calls
         ANALYSIS + "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant" + CALL_PICK,
-        ' to=functions.free<|channel|>commentary <|constrain|>json<|message|>{"a": [1]}<|call|>',
+        ' to=functions.free<|channel|>commentary <|constrain|>json<|message|>{"a":[1,2]}<|call|>',
         "<|channel|>commentary to=browser.tab <|constrain|>json<|message|>{}<|call|>",  # a namespace's tool
     ]
     bad = [
-        '<|channel|>commentary to=functions.pick <|constrain|>json<|message|>{"n": "x"}<|call|>',  # not its schema
+        '<|channel|>commentary to=functions.pick <|constrain|>json<|message|>{"n":"x"}<|call|>',  # not its schema
+        # JSON as gpt-oss writes it: compact, not json.dumps's spaced layout (Hermes's)
+        '<|channel|>commentary to=functions.pick <|constrain|>json<|message|>{"n": 3}<|call|>',
+        ' to=functions.free<|channel|>commentary <|constrain|>json<|message|>{"a":[1, 2]}<|call|>',
         "<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}<|call|>",  # no such tool
         ANALYSIS + "<|channel|>analysis<|message|>again<|end|>",  # one analysis message
         "<|channel|>final<|message|>Hi<|end|>",  # the answer ends the generation
@@ -541,8 +544,9 @@ def test_harmony_grammar_demanded_call_and_json_format(o200k):
     assert named.compiled.count("to=") == 1  # only the named tool
     fmt = TextFormat(type="json_schema", name="pick", schema=PICK, strict=True)
     answer = _harmony_grammar(o200k, fmt=fmt, tools=[])
-    assert _accepts(o200k, answer, ANALYSIS + '<|channel|>final<|message|>{"n": 2}<|return|>')
-    assert not _accepts(o200k, answer, '<|channel|>final<|message|>{"n": "two"}<|return|>')
+    assert _accepts(o200k, answer, ANALYSIS + '<|channel|>final<|message|>{"n":2}<|return|>')
+    assert not _accepts(o200k, answer, '<|channel|>final<|message|>{"n": 2}<|return|>')  # compact
+    assert not _accepts(o200k, answer, '<|channel|>final<|message|>{"n":"two"}<|return|>')
     assert not _accepts(o200k, answer, "<|channel|>final<|message|>two<|return|>")
     assert _harmony_grammar(o200k, tools=[GRAMMAR_TOOLS[1]]) is None  # auto, no strict tool: free
 
@@ -553,8 +557,9 @@ def test_harmony_custom_tool_input_held_to_its_grammar(o200k):
     tool = FunctionTool("shout", format=CustomFormat(syntax="regex", definition="[A-Z]+!"))
     g = _harmony_grammar(o200k, ToolChoice("required"), tools=[tool])
     head = "<|channel|>commentary to=functions.shout <|constrain|>json<|message|>"
-    assert _accepts(o200k, g, head + '{"input": "HEY!"}<|call|>')
-    assert not _accepts(o200k, g, head + '{"input": "hey"}<|call|>')
+    assert _accepts(o200k, g, head + '{"input":"HEY!"}<|call|>')
+    assert not _accepts(o200k, g, head + '{"input":"hey"}<|call|>')
+    assert not _accepts(o200k, g, head + '{"input": "HEY!"}<|call|>')  # compact
 
 
 def test_harmony_call_prefix_is_what_the_grammar_holds(o200k):
@@ -562,7 +567,7 @@ def test_harmony_call_prefix_is_what_the_grammar_holds(o200k):
     prefix = fmt.call_prefix("pick")
     assert prefix == "<|channel|>commentary to=functions.pick <|constrain|>json<|message|>"
     g = _harmony_grammar(o200k, ToolChoice("required", "pick"))
-    assert _accepts(o200k, g, prefix + '{"n": 1}<|call|>')
+    assert _accepts(o200k, g, prefix + '{"n":1}<|call|>')
 
 
 @pytest.mark.parametrize("header", [

@@ -11,8 +11,8 @@ how openai_harmony renders a turn of several messages). What the grammar holds:
 - A call: ``<|channel|>commentary to=RECIPIENT <|constrain|>json<|message|>ARGS<|call|>``,
   or with the recipient first, as openai_harmony renders past calls
   (``to=RECIPIENT<|channel|>commentary <|constrain|>json<|message|>``). RECIPIENT is
-  ``functions.NAME`` (a namespace's tools: ``NAMESPACE.NAME``); ARGS the tool's schema
-  (strict), ``{"input": STRING}`` (a custom tool: the string its grammar accepts, as the
+  ``functions.NAME`` (a namespace's tools: ``NAMESPACE.NAME``); ARGS, compact JSON, the
+  tool's schema (strict), ``{"input":STRING}`` (a custom tool: the string its grammar accepts, as the
   renderer declares it) or any JSON object. ``<|call|>`` ends the generation: one call
   per turn, whatever ``parallel_tool_calls`` says.
 - The final answer: ``<|channel|>final<|message|>BODY<|return|>``, BODY free text, or the
@@ -36,7 +36,7 @@ from typing import Any
 from ignis.engine.thinking import ThinkBudget
 from ignis.output_parser import ParserConfig
 from ignis.server.chat_formats.harmony_render import recipient
-from ignis.server.structured import Checks, tool_arguments
+from ignis.server.structured import COMPACT, Checks, tool_arguments
 from protocol.conversation import FunctionTool
 
 __all__ = ["HARMONY_TOKENS", "HarmonyGrammar"]
@@ -49,7 +49,10 @@ def _lit(text: str) -> str:
 
 
 class HarmonyGrammar:
-    """`structured.CallGrammar` for harmony; `ids` maps each of `HARMONY_TOKENS` to its id."""
+    """`structured.CallGrammar` for harmony; `ids` maps each of `HARMONY_TOKENS` to its id.
+    JSON compact, as gpt-oss writes it (``{"location":"Paris"}``)."""
+
+    json_layout = COMPACT
 
     def __init__(self, ids: Mapping[str, int]) -> None:
         missing = [t for t in HARMONY_TOKENS if t not in ids]
@@ -92,7 +95,7 @@ class HarmonyGrammar:
             rules.append(f'final: {t("<|channel|>")} "final" {t("<|message|>")} TEXT?{self._closing("<|return|>", eos)}')
             endings.append("final")
         if tools:
-            arg_rules, groups = tool_arguments(tools, lt, tool_param, checks)
+            arg_rules, groups = tool_arguments(tools, lt, tool_param, checks, self.json_layout)
             rules += arg_rules
             by_name = {x.name: x for x in tools}
             calls = []
