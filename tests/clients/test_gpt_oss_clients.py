@@ -1,5 +1,6 @@
 """Clients, unmodified, against a tiny gpt-oss served by ignis (the harmony chat format):
-the OpenAI SDK's `responses.create` with a demanded call and with a JSON `text.format`, and
+the OpenAI SDK's `responses.create` with a demanded call and with a JSON `text.format`, its
+`chat.completions.create` (tool_calls, a JSON response_format, streamed), and
 Codex CLI 0.171 with its default tool set (the freeform apply_patch, its namespace and goal
 tools) over HTTP and over the socket.
 
@@ -98,6 +99,38 @@ def test_sdk_strict_tool_under_auto(gpt_oss_server) -> None:
     for item in resp["output"]:
         if item["type"] == "function_call":
             assert item["name"] == "get_weather" and json.loads(item["arguments"])["city"] in ("Paris", "Rome")
+
+
+def test_sdk_chat_completions_under_harmony(gpt_oss_server) -> None:
+    """/v1/chat/completions renders and parses harmony too: a demanded call comes back as
+    the message's tool_calls (finish_reason tool_calls), a JSON response_format as content,
+    streamed chunks add up to the same call; each checked by the SDK's types."""
+    c = client(gpt_oss_server)
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                             "parameters": CITY, "strict": True}}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    r = c.chat.completions.create(model=MODEL, messages=messages, tools=[tool], tool_choice="required",
+                                  max_tokens=200, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    assert "<|" not in (choice.message.content or "")  # no harmony token leaks into the text
+    # The call's result back, then a JSON answer.
+    follow = [*messages, choice.message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": CITY, "strict": True}}
+    r2 = c.chat.completions.create(model=MODEL, messages=follow, response_format=fmt, max_tokens=200, temperature=0)
+    assert r2.choices[0].finish_reason == "stop", r2.choices[0]
+    assert json.loads(r2.choices[0].message.content)["city"] in ("Paris", "Rome")
+    # Streamed: the call's name once, its arguments in pieces that parse when joined.
+    chunks = list(c.chat.completions.create(model=MODEL, messages=messages, tools=[tool], tool_choice="required",
+                                            max_tokens=200, temperature=0, stream=True))
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert [d.function.name for d in deltas if d.function and d.function.name] == ["get_weather"]
+    joined = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert joined == call.function.arguments  # greedy: the same call
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"]
 
 
 # -- Codex CLI ------------------------------------------------------------------------------
