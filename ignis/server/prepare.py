@@ -86,7 +86,8 @@ def _constrained(ctx: ServerContext, prompt: Prompt, tools: Sequence[FunctionToo
     tokenizer, vocab = ctx.loaded.tokenizer, ctx.loaded.config.vocab_size
     check_context(len(prompt.ids), ctx.max_model_len, param)  # before any grammar compiles
     prompt = demand_calls(prompt, choice, tools)
-    budget = think_budget(prompt.parser, tokenizer, sampling.thinking_budget, context=ctx.max_model_len)
+    budget = think_budget(prompt.parser, tokenizer, sampling.thinking_budget, context=ctx.max_model_len,
+                          block=prompt.reasoning_block)
     grammar = None
     if prompt.constrained:  # spelled as the prompt's chat format writes calls (Hermes unless it says)
         grammar = output_grammar(prompt.parser, text_format, tools, choice, sampling, parallel=parallel,

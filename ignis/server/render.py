@@ -74,6 +74,10 @@ class Prompt:
     # How the format spells a constrained answer (structured.CallGrammar); None: Hermes
     # calls and think tags.
     grammar: Any = None
+    # The format's own reasoning message, (its opening ids, its closing id), which a thinking
+    # budget bounds (harmony's <|channel|>analysis<|message|> ... <|end|>); None: the
+    # parser's think tags.
+    reasoning_block: tuple[tuple[int, ...], int] | None = None
 
     def output_parser(self) -> Any:
         """A fresh parser of this prompt's output (one per turn)."""

@@ -55,13 +55,20 @@ def call_prefix(name: str, parser: ParserConfig) -> str:
     return f'{parser.tool_start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
 
 
-def think_budget(parser: ParserConfig, tokenizer: Any, tokens: int | None, *, context: int) -> ThinkBudget | None:
+def think_budget(parser: ParserConfig, tokenizer: Any, tokens: int | None, *, context: int,
+                 block: tuple[tuple[int, ...], int] | None = None) -> ThinkBudget | None:
     """The engine's budget for a think block of at most `tokens` tokens under this
     template, or None: no budget asked, one the `context` length could never spend (any
     number a client sends, 10**30 included, is unbounded from there), the template does
     not reason, its closing tag is not one token, or the model could never be inside a
-    block (the prompt did not open one and the opening tag is not one token either)."""
-    if tokens is None or tokens >= context or not parser.reasoning:
+    block (the prompt did not open one and the opening tag is not one token either).
+    `block`: the chat format's own reasoning message (`render.Prompt.reasoning_block`)."""
+    if tokens is None or tokens >= context:
+        return None
+    if block is not None:
+        opening, end = block
+        return ThinkBudget(tokens, end, opening[-1], header=tuple(opening[:-1]))
+    if not parser.reasoning:
         return None
     end = tokenizer.single_token_id(parser.think_end)
     start = tokenizer.single_token_id(parser.think_start)

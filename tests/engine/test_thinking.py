@@ -58,6 +58,29 @@ def test_only_the_first_token_may_open_a_block() -> None:
     state = BudgetState(ThinkBudget(0, END, THINK))
     state.advance(THINK)
     assert state.forced() == END
+
+
+def test_an_opening_of_several_tokens() -> None:
+    """harmony's analysis message opens with <|channel|>analysis<|message|>: the block opens
+    only when the output begins with all three, and none of them is counted."""
+    CH, WORD = 11, 12
+    state = BudgetState(ThinkBudget(2, END, THINK, header=(CH, WORD)))
+    for token in (CH, WORD, THINK):
+        assert state.forced() is None and not state.inside
+        state.advance(token)
+    assert state.inside and state.used == 0
+    state.advance(A)
+    state.advance(A)
+    assert state.forced() == END
+    for start in ([CH, A], [WORD], [THINK]):  # another header (final), or the opening out of order
+        state = BudgetState(ThinkBudget(2, END, THINK, header=(CH, WORD)))
+        for token in start:
+            state.advance(token)
+        assert state.done and state.forced() is None
+        state.advance(THINK)  # nothing reopens a block once the answer began without one
+        assert state.done and not state.inside
+    with pytest.raises(ValueError, match="header"):
+        ThinkBudget(2, END, THINK, header=(-1,)).validate()
     assert BudgetState(ThinkBudget(0, END, None, starts_open=True)).forced() == END
 
 

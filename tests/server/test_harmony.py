@@ -481,7 +481,7 @@ GRAMMAR_TOOLS = [FunctionTool("pick", parameters=PICK, strict=True), FunctionToo
 
 
 def _harmony_grammar(o200k: Any, choice: ToolChoice = ToolChoice(), fmt: Any = None,
-                     tools: list[FunctionTool] = GRAMMAR_TOOLS) -> Any:
+                     tools: list[FunctionTool] = GRAMMAR_TOOLS, think_budget: Any = None) -> Any:
     from ignis.output_parser import ParserConfig
     from ignis.server.chat_formats.harmony import harmony_grammar
     from ignis.server.structured import output_grammar
@@ -490,7 +490,8 @@ def _harmony_grammar(o200k: Any, choice: ToolChoice = ToolChoice(), fmt: Any = N
 
     return output_grammar(ParserConfig(reasoning=False), fmt or TextFormat(), tools, choice, SamplingFields(),
                           parallel=True, tokenizer=o200k, vocab_size=o200k.vocab_size, format_param="text.format",
-                          tool_param=lambda name: "tools[0].parameters", spelling=harmony_grammar(harmony_encoding()))
+                          tool_param=lambda name: "tools[0].parameters", spelling=harmony_grammar(harmony_encoding()),
+                          think_budget=think_budget)
 
 
 def _accepts(o200k: Any, grammar: Any, text: str) -> bool:
@@ -549,6 +550,33 @@ def test_harmony_grammar_demanded_call_and_json_format(o200k):
     assert not _accepts(o200k, answer, '<|channel|>final<|message|>{"n":"two"}<|return|>')
     assert not _accepts(o200k, answer, "<|channel|>final<|message|>two<|return|>")
     assert _harmony_grammar(o200k, tools=[GRAMMAR_TOOLS[1]]) is None  # auto, no strict tool: free
+
+
+def test_thinking_budget_bounds_the_analysis_message(o200k, renderer):
+    """A thinking budget (reasoning.effort, chat's thinking.budget_tokens) under harmony: the
+    prompt names the analysis message as its reasoning block, the engine's budget opens on
+    <|channel|>analysis<|message|> and forces <|end|>, and a grammar holds the analysis text
+    to that many tokens."""
+    from ignis.server.tool_forcing import think_budget
+
+    enc = harmony_encoding()
+    prompt = renderer.render([ChatMessage("user", "hi")], [], ToolChoice())
+    opening, end = prompt.reasoning_block
+    assert list(opening) == enc.encode("<|channel|>analysis<|message|>", allowed_special="all")
+    assert [end] == enc.encode("<|end|>", allowed_special="all")
+    budget = think_budget(prompt.parser, o200k, 4, context=1000, block=prompt.reasoning_block)
+    assert budget.opening == opening and budget.end_id == end and not budget.starts_open
+    assert think_budget(prompt.parser, o200k, None, context=1000, block=prompt.reasoning_block) is None
+    assert think_budget(prompt.parser, o200k, 10**30, context=1000, block=prompt.reasoning_block) is None
+    g = _harmony_grammar(o200k, think_budget=budget)
+    short = "<|channel|>analysis<|message|>" + "ab" * 2 + "<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>"
+    assert len(enc.encode("ab" * 2)) <= 4 and _accepts(o200k, g, short)
+    long = "word " * 20
+    assert len(enc.encode(long)) > 4
+    assert not _accepts(o200k, g, f"<|channel|>analysis<|message|>{long}<|end|><|start|>assistant"
+                                  "<|channel|>final<|message|>Hi<|return|>")
+    assert _accepts(o200k, _harmony_grammar(o200k), f"<|channel|>analysis<|message|>{long}<|end|><|start|>assistant"
+                                                      "<|channel|>final<|message|>Hi<|return|>")  # no budget
 
 
 def test_harmony_custom_tool_input_held_to_its_grammar(o200k):

@@ -80,8 +80,10 @@ class HarmonyRenderer:
             out = ids()
         # Hermes think tags and tool tags do not apply: harmony's parser reads channels.
         config = ParserConfig(reasoning=False, tools=bool(callable_tools))
+        ids = self.grammar.ids  # a thinking budget bounds the analysis message
+        analysis = ((ids["<|channel|>"], *self.encoding.encode("analysis"), ids["<|message|>"]), ids["<|end|>"])
         return Prompt(out, config, dropped, len(out), reader=partial(HarmonyParser, self.encoding, tools=callable_tools),
-                      stop_token_ids=self.stop_token_ids, grammar=self.grammar)
+                      stop_token_ids=self.stop_token_ids, grammar=self.grammar, reasoning_block=analysis)
 
 
 class HarmonyFormat:

@@ -77,14 +77,20 @@ class HarmonyGrammar:
     def rules(self, *, mode: str, answer: bool, tools: Sequence[FunctionTool], parser: ParserConfig,
               tokenizer: Any, lt: Any, tool_param: Callable[[str], str], checks: Checks, parallel: bool,
               think_budget: ThinkBudget | None, thinking: bool | None) -> list[str]:
-        """`structured.CallGrammar.rules`. A thinking budget does not apply (harmony's
-        reasoning effort is in its system message); neither do Hermes's think tags."""
+        """`structured.CallGrammar.rules`. A thinking budget bounds the analysis message's
+        text (besides the effort harmony's system message states); Hermes's think tags do
+        not apply."""
         t = self._t
         eos = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
         # One message ends, the model opens the next one itself.
         next_message = f'{t("<|end|>")} {t("<|start|>")} "assistant"'
+        if think_budget is not None:
+            thought = ["thought", f"thought[max_tokens={think_budget.tokens}]: /(.|\\n)*/"]
+        else:
+            thought = ["TEXT?"]
         rules = [
-            f'analysis: {t("<|channel|>")} "analysis" {t("<|message|>")} TEXT? {next_message}',
+            f'analysis: {t("<|channel|>")} "analysis" {t("<|message|>")} {thought[0]} {next_message}',
+            *thought[1:],
             "TEXT: /(.|\\n)+/",
         ]
         endings: list[str] = []
