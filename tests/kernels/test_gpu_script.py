@@ -27,9 +27,9 @@ TARGET = "64x4096 q1 h32/8 d128 b16 bfloat16"
 
 
 def run_script(tmp_path: Path, *args: str, hide: list[str] = IMAGE_LACKS, extra_path: Path | None = None,
-               timeout: float = 600) -> tuple[int, str, list[dict]]:
+               timeout: float = 600) -> tuple[int, str, list[dict], str]:
     """Run the script as `python check_kernels.py ARGS --out tmp/out` with `hide` unimportable;
-    (exit status, stdout + stderr, the rows of results.jsonl)."""
+    (exit status, stdout + stderr, the rows of results.jsonl, stdout)."""
     out = tmp_path / "out"
     runner = textwrap.dedent(f"""
         import importlib.abc, runpy, sys
@@ -53,7 +53,9 @@ def run_script(tmp_path: Path, *args: str, hide: list[str] = IMAGE_LACKS, extra_
                          timeout=timeout)
     path = out / "results.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return res.returncode, res.stdout + res.stderr, rows
+    # (and stdout alone: the table is its end; torch's C++ warnings, fbgemm's on AVX2
+    # machines, go to stderr whenever they come)
+    return res.returncode, res.stdout + res.stderr, rows, res.stdout
 
 
 @pytest.mark.slow
@@ -61,7 +63,7 @@ def test_dry_run_on_the_gpu_image(tmp_path):
     """Every module imports and prepares without the packages the image lacks; every row
     the GPU run will time is planned (at the GPU's sizes) and written as it comes; the
     table comes last."""
-    code, output, rows = run_script(tmp_path, "--dry-run")
+    code, output, rows, stdout = run_script(tmp_path, "--dry-run")
     assert code == 0, output[-4000:]
     env = rows[0]
     assert env["op"] == "environment" and env["ok"], env
@@ -79,7 +81,7 @@ def test_dry_run_on_the_gpu_image(tmp_path):
     for module in ("attention_check", "sampling_check", "engine_check"):
         assert f"{module}: host-side preparation" in output
     assert "crashed" not in output
-    tail = output.strip().splitlines()
+    tail = stdout.strip().splitlines()
     assert ("tp=2 decode step", "qwen3-0.6b bs=1,16,64") in ops
     assert tail[-1].startswith("tp=2 decode step"), tail[-3:]  # the table is printed last (the last check's row)
     assert any(line.startswith("op ") and "GB/s" in line for line in tail[-40:])
@@ -89,7 +91,7 @@ def test_dry_run_on_the_gpu_image(tmp_path):
 def test_a_missing_needed_package_is_a_row_not_a_crash(tmp_path):
     """Without `tokenizers` the engine check cannot build its tokenizer: the environment says
     so, the engine's preparation fails as a row, and everything else is still planned."""
-    code, output, rows = run_script(tmp_path, "--dry-run", hide=IMAGE_LACKS + ["tokenizers"])
+    code, output, rows, _ = run_script(tmp_path, "--dry-run", hide=IMAGE_LACKS + ["tokenizers"])
     assert code == 1, output[-4000:]
     env = rows[0]["env"]
     assert env["missing"] == ["tokenizers"] and "missing: tokenizers (needed by engine check" in output
@@ -100,7 +102,7 @@ def test_a_missing_needed_package_is_a_row_not_a_crash(tmp_path):
 
 
 def test_no_cuda_without_dry_run_stops_after_the_environment(tmp_path):
-    code, output, rows = run_script(tmp_path)
+    code, output, rows, _ = run_script(tmp_path)
     assert code == 2, output[-4000:]
     assert "no CUDA device: nothing to time" in output
     assert [r["op"] for r in rows] == ["environment"]
@@ -123,7 +125,7 @@ def test_watchdog_ends_a_hung_run_with_the_table(tmp_path):
     the table of what finished and exits 3; the rows written so far stay in results.jsonl."""
     (tmp_path / "fake_check.py").write_text(FAKE_CHECK)
     (tmp_path / "quick_check.py").write_text(FAKE_CHECK.replace("fake op", "quick op").split("def dry_run")[0])
-    code, output, rows = run_script(tmp_path, "--dry-run", "--checks", "quick_check", "fake_check",
+    code, output, rows, _ = run_script(tmp_path, "--dry-run", "--checks", "quick_check", "fake_check",
                                     "--deadline", "2", "--grace", "1", extra_path=tmp_path, timeout=120)
     assert code == 3, output[-4000:]
     assert "watchdog: still running" in output and "cut short by the watchdog" in output
