@@ -40,7 +40,9 @@
 // lane. x is the int16 above at 14 bits (|xq| <= 2^14: within 2^-15 of the group's largest
 // |x|) split exactly into two signed bytes, xq = 256 h + l (two products per weight, none of
 // x's precision lost to bytes); the + 12 comes back out as -12 * sum(xq), once per group and
-// call. Verified on AVX2 machines too, through SIMDe (tests/kernels/qgemm_emulated.cpp). One load holds a group of four rows (the blocks of eight, below), and
+// call. AVX2 runs the same arithmetic with vpmaddubsw + vpmaddwd (mx4_avx2: 1.9x the int16
+// body it replaced on a Zen 3), bit for bit the VNNI body's outputs; both are checked on any
+// x86 machine, the VNNI one through SIMDe (tests/kernels/qgemm_emulated.cpp). One load holds a group of four rows (the blocks of eight, below), and
 // the int32 sums (exact) are scaled once per group by the row's 2^e times x's power.
 
 #pragma once
@@ -139,9 +141,9 @@ constexpr bool int16_x(Format f) {
 #endif
 }
 
-// Whether a format reads x as bytes (kMX4 with AVX512-VNNI, above).
+// Whether a format reads x as bytes (kMX4 with AVX512-VNNI, or on AVX2: above, and mx4_avx2).
 constexpr bool byte_x(Format f) {
-#if IGNIS_QGEMM_MX4_VNNI
+#if IGNIS_QGEMM_MX4_VNNI || (!IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X)
   return f == kMX4;
 #else
   return false;
@@ -454,15 +456,6 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
       lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
       hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
       scale = half_to_float(w.d[n * G + g]);
-    } else if constexpr (F == kMX4) {
-      // e2m1 doubled (integers in [-12, 12]) by a byte shuffle, then sign-extended: the even
-      // elements from the low nibbles, the odd from the high, as x's int16 are ordered
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + 16 * w.unit(n, g)));
-      const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-      const __m128i nib = _mm_set1_epi8(15);
-      lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(lut, _mm_and_si128(raw, nib)));
-      hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(raw, 4), nib)));
-      scale = 0.5f * e8m0_to_float(w.e[w.unit(n, g)]);
     } else {
       const uint8_t* q = w.q + 16 * w.unit(n, g);
       // 16 bytes, one a 16-bit lane: the low nibbles are the even elements, the high the odd
@@ -546,6 +539,65 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     for (int t = 0; t < TB; ++t) y[(t0 + t) * w.N + n0 + r] = dot[r][t] + zero[r][t];
 }
 
+#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X
+// kMX4 on AVX2: the VNNI body's arithmetic without VNNI. The weights, 2 e2m1 + 12 by a byte
+// shuffle, two rows a register (a 128-bit half each: the blocks of eight's group g is 128
+// bytes in a row), multiplied into x's bytes by vpmaddubsw (pairs, in int16: at most 2 * 24
+// * 128, no saturation) and summed to int32 by vpmaddwd (by 1 for l, 256 for h): the same
+// four-lane sums as vpdpbusd, so every output is the VNNI body's, bit for bit. NB = 8 (a
+// block of eight) or 1 (a tail row, in the low half).
+template <int NB, int TB>
+inline void mx4_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t0, float* y) {
+  static_assert(NB == 8 || NB == 1, "a block of eight rows, or one");
+  constexpr int P = NB == 8 ? 4 : 1;
+  const int64_t G = x.G;
+  const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m256i nib = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1), high = _mm256_set1_epi16(256);
+  const __m256 tiny = _mm256_set1_ps(e8m0_to_float(0));
+  const auto wide = [](const void* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  __m256 acc[P][TB];
+  for (int p = 0; p < P; ++p)
+    for (int t = 0; t < TB; ++t) acc[p][t] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t u = w.unit(n0, g);
+    __m256 ws;  // NB = 8: row r's 2^(e - 127) in lane r; NB = 1: the row's in every lane
+    if constexpr (NB == 8) {
+      int64_t bytes;
+      std::memcpy(&bytes, w.e + u, 8);
+      const __m256i ei = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+      ws = _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_slli_epi32(ei, 23)), tiny,
+                            _mm256_castsi256_ps(_mm256_cmpeq_epi32(ei, _mm256_setzero_si256())));
+    } else {
+      ws = _mm256_set1_ps(e8m0_to_float(w.e[u]));
+    }
+    for (int p = 0; p < P; ++p) {
+      const __m256i b = NB == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.q + 16 * u + 32 * p)) : wide(w.q + 16 * u);
+      const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, nib));
+      const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib));
+      const __m256 wp = NB == 8 ? _mm256_permutevar8x32_ps(ws, _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1,
+                                                                                 2 * p + 1, 2 * p + 1, 2 * p + 1))
+                                : ws;
+      for (int t = 0; t < TB; ++t) {
+        const int64_t tg = (t0 + t) * G + g;
+        const int8_t* xb = x.x8.data() + tg * 64;
+        const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb)), _mm256_maddubs_epi16(hi, wide(xb + 16)));
+        const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb + 32)), _mm256_maddubs_epi16(hi, wide(xb + 48)));
+        const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(wide(x.xc.data() + tg * 4), _mm256_madd_epi16(l, one)),
+                                             _mm256_madd_epi16(h, high));
+        acc[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(wp, _mm256_set1_ps(x.xp[tg])), acc[p][t]);
+      }
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int p = 0; p < P; ++p) {  // each row's four lanes, in the VNNI body's order
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[p][t]);
+      for (int r = 0; r < (NB == 8 ? 2 : 1); ++r)
+        y[(t0 + t) * w.N + n0 + 2 * p + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+    }
+}
+#endif
+
 // Weight rows [n0, n1) against every row of x. Nibble formats on AVX-512: eight weight rows
 // against two rows of x at a time, or four against four (each group's table and lookups then
 // serve four rows of x: the lookups, not the FMAs, are most of the work). kQ8, and every
@@ -554,6 +606,17 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
 template <Format F>
 inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64_t T, float* y) {
   int64_t t0 = 0;
+#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X
+  if constexpr (F == kMX4) {
+    for (int64_t n = n0; n < n1; n += (n + 8 <= n1 ? 8 : 1)) {
+      const bool eight = n + 8 <= n1;  // (tiles start at a block of eight: Weights::unit)
+      int64_t t = 0;
+      for (; t + 2 <= T; t += 2) eight ? mx4_avx2<8, 2>(w, x, n, t, y) : mx4_avx2<1, 2>(w, x, n, t, y);
+      if (T - t == 1) eight ? mx4_avx2<8, 1>(w, x, n, t, y) : mx4_avx2<1, 1>(w, x, n, t, y);
+    }
+    return;
+  }
+#endif
 #if IGNIS_QGEMM_AVX512
   if constexpr (F != kQ8) {
     int64_t n = n0;
