@@ -37,15 +37,10 @@ class ThinkBudget:
     def validate(self, vocab_size: int | None = None) -> None:
         if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or self.tokens < 0:
             raise ValueError(f"a thinking budget must be a non-negative int, got {self.tokens!r}")
-        for name in ("end_id", "start_id"):
-            v = getattr(self, name)
-            if v is None and name == "start_id":
-                continue
+        ids = [("end_id", self.end_id)] + ([("start_id", self.start_id)] if self.start_id is not None else [])
+        for name, v in ids + [("header", v) for v in self.header]:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (vocab_size is not None and v >= vocab_size):
                 raise ValueError(f"think_budget.{name} must be a token id in [0, {vocab_size or 'vocab'}), got {v!r}")
-        for v in self.header:
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (vocab_size is not None and v >= vocab_size):
-                raise ValueError(f"think_budget.header must hold token ids in [0, {vocab_size or 'vocab'}), got {v!r}")
 
 
 class BudgetState:

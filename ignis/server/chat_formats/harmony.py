@@ -36,6 +36,8 @@ class HarmonyRenderer:
         self.today = today  # None: today's date (harmony's "Current date:")
         self.stop_token_ids = tuple(sorted(self.encoding.stop_tokens_for_assistant_actions()))  # <|return|>, <|call|>
         self.grammar = harmony_grammar(self.encoding)
+        ids = self.grammar.ids  # the analysis message: what a thinking budget bounds
+        self.reasoning_block = ((ids["<|channel|>"], *self.encoding.encode("analysis"), ids["<|message|>"]), ids["<|end|>"])
 
     def _ids(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool], *, effort: str | None,
              namespaces: Mapping[str, str] | None, generation: bool, param: str) -> list[int]:
@@ -80,10 +82,8 @@ class HarmonyRenderer:
             out = ids()
         # Hermes think tags and tool tags do not apply: harmony's parser reads channels.
         config = ParserConfig(reasoning=False, tools=bool(callable_tools))
-        ids = self.grammar.ids  # a thinking budget bounds the analysis message
-        analysis = ((ids["<|channel|>"], *self.encoding.encode("analysis"), ids["<|message|>"]), ids["<|end|>"])
         return Prompt(out, config, dropped, len(out), reader=partial(HarmonyParser, self.encoding, tools=callable_tools),
-                      stop_token_ids=self.stop_token_ids, grammar=self.grammar, reasoning_block=analysis)
+                      stop_token_ids=self.stop_token_ids, grammar=self.grammar, reasoning_block=self.reasoning_block)
 
 
 class HarmonyFormat:

@@ -84,15 +84,13 @@ class HarmonyGrammar:
         eos = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
         # One message ends, the model opens the next one itself.
         next_message = f'{t("<|end|>")} {t("<|start|>")} "assistant"'
-        if think_budget is not None:
-            thought = ["thought", f"thought[max_tokens={think_budget.tokens}]: /(.|\\n)*/"]
-        else:
-            thought = ["TEXT?"]
+        thought = "thought" if think_budget is not None else "TEXT?"
         rules = [
-            f'analysis: {t("<|channel|>")} "analysis" {t("<|message|>")} {thought[0]} {next_message}',
-            *thought[1:],
+            f'analysis: {t("<|channel|>")} "analysis" {t("<|message|>")} {thought} {next_message}',
             "TEXT: /(.|\\n)+/",
         ]
+        if think_budget is not None:
+            rules.append(f"thought[max_tokens={think_budget.tokens}]: /(.|\\n)*/")
         endings: list[str] = []
         if answer:
             rules.append(f'final: {t("<|channel|>")} "final" {t("<|message|>")} answer{self._closing("<|return|>", eos)}')
