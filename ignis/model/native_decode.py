@@ -4,15 +4,18 @@
     hidden = native(input_ids, positions, kv_caches, slots, block_tables, seq_lens)
 
 A step whose rows each add one token to their own sequence (decode), in a model whose
-projections are int4, int5, q8, int4-pair or int8 GEMMs (the `quantized` form; `mixed`, whose steps
+projections are int4, int5, q8, int4-pair, int8 or mxfp4 GEMMs (the `quantized` form; `mixed`, whose steps
 of more than NARROW_ROWS rows go through its oneDNN bf16 GEMMs instead), runs every layer
 in C++: same weights, same GEMMs, same fp32 arithmetic as the eager forward
 (ignis/model/transformer.py) to float rounding, without its ~40 ATen calls and Python
-frames per layer. The op computes the dense layers of ignis/model/decoder.py with pre or
-sandwich norms, SwiGLU or GeGLU, per-head q/k norms, windows with their own RoPE table and
-a residual multiplier (Llama, Mistral, Qwen 2/3, Gemma 3, Phi-3, Granite); `unsupported`
-says why another model stays eager (mixtures of experts, soft-capped scores, post norms,
-q/k norms over the whole projection). Prefill chunks and other forms stay eager.
+frames per layer. The op computes the layers of ignis/model/decoder.py with pre or
+sandwich norms, SwiGLU or GeGLU, per-head q/k norms, windows with their own RoPE table, a
+residual multiplier (Llama, Mistral, Qwen 2/3, Gemma 3, Phi-3, Granite) and mixtures of
+experts: the fp32 router (and its bias), top-k routing, each chosen expert's packed GEMMs
+(and biases) over its rows, attention sinks and gpt-oss's clamped SwiGLU (Mixtral,
+Qwen3-MoE, gpt-oss). `unsupported` says why another model stays eager (soft-capped
+scores, post norms, q/k norms over the whole projection). Prefill chunks and other forms
+stay eager.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import KVCaches
-from ignis.model.layers import MLP, Linear, RMSNorm
+from ignis.model.layers import MLP, Linear, RMSNorm, SparseMoE
 from ignis.model.lm_head import NARROW_ROWS
 from ignis.model.transformer import Transformer
 from kernels import cpu_native
@@ -38,16 +41,21 @@ log = logging.getLogger(__name__)
 # The wide GEMMs decode.cpp calls, by PackedLinear.form (its `wide_kind` argument).
 _WIDE_KINDS = {"bf16": 0, "fp16": 1, "fp32": 2}
 # decode.cpp's NarrowKind, Act and Layout.
-_INT8, _INT4, _INT4_PAIR, _INT5, _Q8 = 0, 1, 2, 3, 4
-_ACTS = {"silu": 0, "gelu_tanh": 1}
+_INT8, _INT4, _INT4_PAIR, _INT5, _Q8, _MX4 = 0, 1, 2, 3, 4, 5
+_ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 _LAYOUTS = {"pre": 0, "sandwich": 1}
 _PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
+def _routing(moe: SparseMoE) -> int:
+    """decode.cpp's Routing: softmax then the top k renormalised (0) or not (1); top k then softmax (2)."""
+    if not moe.softmax_first:
+        return 2
+    return 0 if moe.renormalize else 1
+
+
 def unsupported(c: ModelConfig) -> str | None:
     """Why the native op does not compute this model's layers (None: it does)."""
-    if c.is_moe:
-        return "a mixture of experts"
     if c.norm_layout not in _LAYOUTS:
         return f"{c.norm_layout} norms"
     if c.hidden_act not in _ACTS:
@@ -64,7 +72,9 @@ def unsupported(c: ModelConfig) -> str | None:
 def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
     """(the int4/int8 GEMM, the mixed form's wide GEMM for wider steps or None); (None, None)
     when the op is neither, or its wide GEMM is one the native op does not call."""
-    from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, MixedLinear, Q8Linear
+    from ignis.model.packed import (
+        Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, MixedLinear, Mx4Linear, Q8Linear,
+    )
 
     if isinstance(op, MixedLinear):
         if op.wide.form not in _WIDE_KINDS or getattr(op.wide, "packed", None) is None:
@@ -72,15 +82,18 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
         return _split(op.narrow)[0], op.wide
     if isinstance(op, Int4Linear) and not op.native:
         return None, None
-    if isinstance(op, Int4Linear | Int5Linear | Q8Linear | Int8Linear | Int4PairLinear):
+    if isinstance(op, Int4Linear | Int5Linear | Q8Linear | Int8Linear | Int4PairLinear | Mx4Linear):
         return op, None
     return None, None
 
 
 class NativeDecoder:
     def __init__(self, model: Transformer, gemms: list[PackedLinear], wide: list[PackedLinear]) -> None:
+        """gemms: every projection in decode.cpp's order (a dense layer's qkv, o, gate_up,
+        down; a mixture's qkv, o, then each expert's gate_up and down); wide: the mixed
+        form's kept copies of the dense projections, or empty."""
         from ignis.model.gguf_quant import GROUP
-        from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, Q8Linear
+        from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, Mx4Linear, Q8Linear
 
         c = model.config
         self.model = model
@@ -88,12 +101,11 @@ class NativeDecoder:
         # oneDNN fp32 packed weights, one kind for the whole model.
         self.wide = [w.packed for w in wide]
         self.wide_kind = _WIDE_KINDS[wide[0].form] if wide else 0
-        # Per projection: int4, int5, q8, an int4 pair (5- to 8-bit blocks beside others) or
-        # torch's int8; a file mixes them (Q4_K_M keeps some tensors at Q6_K, Gemma's files
-        # Q5_0 and Q8_0).
+        # Per projection: int4, int5, q8, an int4 pair (5- to 8-bit blocks beside others),
+        # mxfp4 or torch's int8; a file mixes them (Q4_K_M keeps some tensors at Q6_K, Gemma's
+        # files Q5_0 and Q8_0, gpt-oss's MXFP4 experts beside Q8_0).
         self.kinds: list[int] = []
         self.weights: list[torch.Tensor] = []
-        self.biases: list[torch.Tensor | None] = []
         for g in gemms:
             if isinstance(g, Int4PairLinear):
                 self.kinds.append(_INT4_PAIR)
@@ -104,6 +116,9 @@ class NativeDecoder:
             elif isinstance(g, Q8Linear):
                 self.kinds.append(_Q8)
                 self.weights += [g.q, g.d]
+            elif isinstance(g, Mx4Linear):
+                self.kinds.append(_MX4)
+                self.weights += [g.nibbles, g.exponents]
             elif isinstance(g, Int4Linear):
                 assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
                 self.kinds.append(_INT4)
@@ -112,10 +127,25 @@ class NativeDecoder:
                 assert isinstance(g, Int8Linear)
                 self.kinds.append(_INT8)
                 self.weights += [g.weight, g.scale]
+        self.biases: list[torch.Tensor | None] = []
+        self.routers: list[torch.Tensor | None] = []
+        self.router_biases: list[torch.Tensor | None] = []
         for layer in model.layers:
-            for lin in _linears(layer):
-                bias = lin.linear_op.bias  # the packed op adds the bias (lin.bias is None)
-                self.biases.append(None if bias is None else bias.float().contiguous())
+            self.biases += [_bias(lin.linear_op.bias) for lin in _linears(layer)]  # the op adds it (lin.bias is None)
+            moe = layer.mlp if isinstance(layer.mlp, SparseMoE) else None
+            self.routers.append(None if moe is None else moe.gate.weight.detach().float().contiguous())
+            self.router_biases.append(None if moe is None else _bias(moe.gate.bias))
+            if moe is not None:
+                ex = moe.experts
+                for e in range(ex.num_experts):
+                    self.biases += [_bias(None if ex.gate_up_proj_bias is None else ex.gate_up_proj_bias[e]),
+                                    _bias(None if ex.down_proj_bias is None else ex.down_proj_bias[e])]
+        assert len(self.biases) == len(self.kinds)
+        if not any(r is not None for r in self.routers):
+            self.routers = self.router_biases = []
+        sinks = [layer.self_attn.sinks for layer in model.layers]
+        self.sinks = [None if t is None else t.detach().float().contiguous() for t in sinks] if any(
+            t is not None for t in sinks) else []
         self.norms = [n.weight for layer in model.layers for n in _norms(layer)]
         self.norms.append(model.norm.weight)
         self.qk_norms: list[torch.Tensor | None] = []
@@ -124,17 +154,24 @@ class NativeDecoder:
         self._caches: tuple[KVCaches, list[torch.Tensor], list[torch.Tensor]] | None = None
         self.windows = [layer.self_attn.sliding_window or 0 for layer in model.layers]
         self.rope_local = [int(layer.rope == "local") for layer in model.layers]
+        # The mixture's routing and activation as its layers hold them (one for all layers).
+        mixtures = [layer.mlp for layer in model.layers if isinstance(layer.mlp, SparseMoE)]
+        moe = (1, 0, 0, 1.702, 7.0)
+        if mixtures:
+            m = mixtures[0]
+            moe = (m.top_k, _routing(m), m.experts.intermediate, float(m.alpha), float(m.limit))
         self.args = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, float(c.rms_norm_eps),
                      float(model.layers[0].self_attn.scale), self.kinds, GROUP, NARROW_ROWS, self.wide_kind,
                      _LAYOUTS[c.norm_layout], _ACTS[c.hidden_act], float(c.residual_scale))
+        self.moe_args = (self.sinks, self.routers, self.router_biases, *moe)
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> NativeDecoder | None:
         """The native decoder of `model`, or None where it does not apply: not a packed CPU
-        Transformer whose projections each have one int4, int5, q8, int4-pair or int8 GEMM (beside a
-        bf16 one in every projection, or in none), layers the op does not compute
-        (`unsupported`), unusual norms, or no native op on this machine
-        (kernels.cpu_native.load)."""
+        Transformer whose projections (and experts) each have one int4, int5, q8, int4-pair,
+        mxfp4 or int8 GEMM (beside a bf16 one in every dense projection, or in none), layers
+        the op does not compute (`unsupported`), unusual norms, or no native op on this
+        machine (kernels.cpu_native.load)."""
         if not isinstance(model, Transformer) or model.device.type != "cpu":
             return None
         if model.weight_form not in ("quantized", "mixed") or model.embed_op is None:
@@ -143,10 +180,13 @@ class NativeDecoder:
             return None
         gemms: list[PackedLinear] = []
         wide: list[PackedLinear] = []
+        dense = 0  # projections that could have a wide copy
         for layer in model.layers:
-            if type(layer.mlp) is not MLP:
+            moe = type(layer.mlp) is SparseMoE
+            if not moe and type(layer.mlp) is not MLP:
                 return None
-            for lin in _linears(layer):
+            linears = _linears(layer)
+            for lin in linears:
                 if type(lin) is not Linear:  # e.g. a tensor-parallel wrapper that all-reduces
                     return None
                 g, w = _split(lin.linear_op)
@@ -154,10 +194,25 @@ class NativeDecoder:
                     return None
                 gemms.append(g)
                 wide += [w] if w is not None else []
+            dense += len(linears)
+            if moe:
+                router = layer.mlp.gate
+                if type(router) is not Linear or router.linear_op is not None or layer.mlp.experts.expert_ops is None:
+                    return None  # a packed router, or experts without their packed GEMMs
+                for pair in layer.mlp.experts.expert_ops:
+                    for op in pair:
+                        g, w = _split(op)
+                        if g is None or w is not None:
+                            return None
+                        gemms.append(g)
             qk = [layer.self_attn.q_norm, layer.self_attn.k_norm] if model.config.qk_norm else []
             if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in _norms(layer) + qk):
                 return None
-        if len(wide) not in (0, len(gemms)) or len({w.form for w in wide}) > 1:
+        if len(wide) not in (0, dense) or len({w.form for w in wide}) > 1:
+            return None
+        mixtures = {(m.top_k, _routing(m), m.experts.intermediate, m.alpha, m.limit, m.act_name)
+                    for m in model.modules() if isinstance(m, SparseMoE)}
+        if len(mixtures) > 1:  # the op takes one routing and width for every layer
             return None
         if not cpu_native.load():
             return None
@@ -183,16 +238,22 @@ class NativeDecoder:
         return torch.ops.ignis_cpu.decode_layers(
             x, cos, sin, cos_local, sin_local, slots, block_tables.contiguous(), seq_lens, self._caches[1],
             self._caches[2], self.norms, self.weights, self.wide, self.biases, self.qk_norms, self.windows,
-            self.rope_local, *self.args,
+            self.rope_local, *self.args, *self.moe_args,
         )
 
 
 _EMPTY = torch.empty(0)
 
 
+def _bias(b: torch.Tensor | None) -> torch.Tensor | None:
+    return None if b is None else b.detach().float().contiguous()
+
+
 def _linears(layer: torch.nn.Module) -> list[Linear]:
-    """A layer's four projections, in decode.cpp's order."""
-    return [layer.get_submodule(name) for name in _PROJECTIONS]
+    """A layer's projections in decode.cpp's order: four, or a mixture's layer's attention
+    two (its experts' GEMMs are Experts.expert_ops)."""
+    names = _PROJECTIONS[:2] if isinstance(layer.mlp, SparseMoE) else _PROJECTIONS
+    return [layer.get_submodule(name) for name in names]
 
 
 def _norms(layer: torch.nn.Module) -> list[RMSNorm]:

@@ -1,13 +1,17 @@
 // The decoder's decode step on the CPU in one call: every layer of a dense decoder (the
 // Llama, Qwen and Gemma 3 blocks: pre or sandwich norms, SwiGLU or GeGLU, per-head q/k
-// norms, sliding windows with their own RoPE table) for T rows that each add one token to
-// their own sequence (one user's decode, or a few).
+// norms, sliding windows with their own RoPE table) or of a mixture of experts (Mixtral,
+// Qwen3-MoE, gpt-oss: an fp32 router, top-k routing, each chosen expert's GEMMs over its
+// rows, attention sinks, the clamped SwiGLU) for T rows that each add one token to their
+// own sequence (one user's decode, or a few).
 //
 // Why native: at one row the eager forward is ~40 ATen calls per layer at 2-3 us each
-// plus Python around them, as much time as the matrix work (RESULTS.md).
-// Here the GEMMs are ignis's own over the file's 4-, 5- and 8-bit block values
+// plus Python around them, as much time as the matrix work (RESULTS.md); a mixture's
+// layer, with its routing and per-expert gathers, is ~100.
+// Here the GEMMs are ignis's own over the file's 4-, 5- and 8-bit block values and MXFP4
 // (quant_gemm.h), torch's int8 weight-only one (types those do not hold), or the mixed
-// form's kept wide copy for wider steps (oneDNN bf16, fbgemm fp16 or oneDNN fp32); four per layer;
+// form's kept wide copy for wider steps (oneDNN bf16, fbgemm fp16 or oneDNN fp32); four per
+// dense layer, two plus two per chosen expert in a mixture's;
 // everything between them (RMSNorm, biases, rotary, q/k norms, the KV write, paged
 // attention, SiLU-and-multiply, residuals, the casts) is plain loops over a few thousand
 // floats, and attention is split over keys across torch's threads. Attention has AVX-512
@@ -123,8 +127,9 @@ at::Tensor as_bf16(const at::Tensor& x) {
 }
 
 // Per projection, the kind of its narrow GEMM (the `kinds` argument); a file mixes them
-// (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0 beside Q4_K).
-enum NarrowKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Pair = 2, kInt5 = 3, kQ8 = 4 };
+// (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0 beside Q4_K; gpt-oss's
+// experts MXFP4 beside Q8_0 attention).
+enum NarrowKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Pair = 2, kInt5 = 3, kQ8 = 4, kMx4 = 5 };
 
 // How many tensors of `narrow` each kind takes.
 inline int64_t tensors_of(int64_t kind) { return kind == kInt4Pair ? 4 : kind == kInt5 ? 3 : 2; }
@@ -134,9 +139,13 @@ inline int64_t tensors_of(int64_t kind) { return kind == kInt4Pair ? 4 : kind ==
 // [N, K/32, 2] fp32), int5 (the same nibbles, their fifth bits [N, K/32] int32, the pairs),
 // q8 (int8 values [N, K], fp16 scales [N, K/32]), an int4 pair (four: the low then the high
 // nibbles' int4 weights, whose sum is the block weight exactly: packed.py's Int4PairLinear)
-// or torch's int8 weight-only GEMM (two: w [N, K] int8, s [N] row scales; bf16 in and out).
-// `wide`, per projection the kept copy for steps of more than narrow_rows rows: oneDNN
-// bf16 (bf16 in and out), fbgemm fp16 or oneDNN fp32 (fp32).
+// torch's int8 weight-only GEMM (two: w [N, K] int8, s [N] row scales; bf16 in and out) or
+// MXFP4 (e2m1 nibbles [N, K/2], e8m0 exponents [N, K/32] uint8).
+// Projections are numbered across the layers: a dense layer has four (qkv, o, gate_up,
+// down), a mixture's 2 + 2E (qkv, o, then each expert's gate_up and down).
+// `wide`, per dense projection (qkv and o only, in a mixture's layer: its experts have no
+// wide copy) the kept copy for steps of more than narrow_rows rows: oneDNN bf16 (bf16 in
+// and out), fbgemm fp16 or oneDNN fp32 (fp32).
 struct Gemms {
   at::TensorList narrow, wide;
   at::IntArrayRef kinds;  // per projection, a NarrowKind
@@ -148,22 +157,23 @@ struct Gemms {
       : narrow(narrow_), wide(wide_), kinds(kinds_), use_wide(use_wide_), wide_kind(wide_kind_) {
     int64_t i = 0;
     for (const int64_t k : kinds) {
-      TORCH_CHECK(k >= kInt8 && k <= kQ8, "decode_layers: unknown GEMM kind ", k);
+      TORCH_CHECK(k >= kInt8 && k <= kMx4, "decode_layers: unknown GEMM kind ", k);
       first.push_back(i);
       i += tensors_of(k);
     }
     TORCH_CHECK(i == int64_t(narrow.size()), "decode_layers: ", narrow.size(), " weight tensors for kinds needing ", i);
   }
 
-  // Projection `proj` (0 qkv, 1 o, 2 gate_up, 3 down) of `layer`, whose output has n columns.
-  at::Tensor operator()(const at::Tensor& x, int64_t layer, int64_t proj, int64_t n) const {
+  // Projection p (numbered as above), whose output has n columns; w: its wide copy's index
+  // in `wide` (-1: it has none, the narrow GEMM serves every step).
+  at::Tensor operator()(const at::Tensor& x, int64_t p, int64_t n, int64_t w = -1) const {
     at::Tensor y;
-    if (use_wide && wide_kind == kWideFp16) {
-      y = at::fbgemm_linear_fp16_weight(x, wide[4 * layer + proj], at::zeros({n}, x.options()));
-    } else if (use_wide) {
-      y = onednn_linear(wide_kind == kWideBf16 ? as_bf16(x) : x, wide[4 * layer + proj]);
+    if (use_wide && w >= 0 && wide_kind == kWideFp16) {
+      y = at::fbgemm_linear_fp16_weight(x, wide[w], at::zeros({n}, x.options()));
+    } else if (use_wide && w >= 0) {
+      y = onednn_linear(wide_kind == kWideBf16 ? as_bf16(x) : x, wide[w]);
     } else {
-      const int64_t p = 4 * layer + proj, i = first[p], kind = kinds[p];
+      const int64_t i = first[p], kind = kinds[p];
       if (kind == kInt8) {
         y = at::_weight_int8pack_mm(as_bf16(x), narrow[i], narrow[i + 1]);
       } else {
@@ -184,8 +194,10 @@ struct Gemms {
     return y;
   }
 
-  // quant_gemm.h's view of the tensors of `narrow` from i (kind kInt4, kInt4Pair, kInt5, kQ8).
+  // quant_gemm.h's view of the tensors of `narrow` from i (kind kInt4, kInt4Pair, kInt5, kQ8, kMx4).
   qgemm::Weights weights(int64_t i, int64_t kind, int64_t n, int64_t k) const {
+    if (kind == kMx4)
+      return {qgemm::kMX4, narrow[i].data_ptr<uint8_t>(), nullptr, nullptr, nullptr, narrow[i + 1].data_ptr<uint8_t>(), n, k};
     if (kind == kQ8)
       return {qgemm::kQ8, reinterpret_cast<const uint8_t*>(narrow[i].data_ptr()), nullptr, nullptr,
               reinterpret_cast<const uint16_t*>(narrow[i + 1].data_ptr()), nullptr, n, k};
@@ -706,11 +718,72 @@ inline void rotate(float* x, int64_t heads, int64_t D, const float* C, const flo
   }
 }
 
-// The gated MLP's activation of gate value g (ignis/model/layers.py's `activation`).
-enum Act : int64_t { kSilu = 0, kGeluTanh = 1 };
+// The gated MLP's activation (kernels/moe_ref.py's glu): SiLU, GeLU (tanh) or gpt-oss's
+// clamped SwiGLU.
+enum Act : int64_t { kSilu = 0, kGeluTanh = 1, kSwigluOai = 2 };
 // Where the norms sit (ignis/model/decoder.py): pre (input, post-attention norm per layer)
 // or sandwich (input, post-attention, pre-feedforward, post-feedforward).
 enum Layout : int64_t { kPre = 0, kSandwich = 1 };
+// How a mixture weighs each row's top k experts (kernels/moe_ref.py's route): softmax over
+// every expert then the top k renormalised (Mixtral, Qwen3-MoE) or not, or (gpt-oss) the
+// top k logits softmaxed.
+enum Routing : int64_t { kSoftmaxRenorm = 0, kSoftmaxRaw = 1, kTopKSoftmax = 2 };
+
+struct Glu {
+  int64_t act;
+  float alpha, limit;  // kSwigluOai's
+};
+
+// out [n] = act(gate) * up for one row's gate|up outputs g [2n] (biases already added).
+inline void glu_row(const Glu& f, const float* g, int64_t n, float* out) {
+  const float* up = g + n;
+  if (f.act == kSilu) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + exp_approx(-g[i])) * up[i];
+  } else if (f.act == kGeluTanh) {  // torch's gelu(approximate="tanh")
+    constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = g[i];
+      out[i] = 0.5f * v * (1.0f + std::tanh(kAlpha * (v + 0.044715f * v * v * v))) * up[i];
+    }
+  } else {  // the gate clamped above at limit, up to +-limit and offset by 1, the sigmoid sharpened by alpha
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = std::min(g[i], f.limit);
+      const float u = std::min(std::max(up[i], -f.limit), f.limit);
+      out[i] = (u + 1.0f) * (v / (1.0f + exp_approx(-f.alpha * v)));
+    }
+  }
+}
+
+// One row's k experts (ids, largest logit first; a tie goes to the lower index) and their
+// weights, from its router logits [E], as `routing` says; fp32 with libm's exp, as torch.
+inline void route_row(const float* logits, int64_t E, int64_t k, int64_t routing, int64_t* ids, float* weights) {
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || ids[i] == e;
+      if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+    }
+    ids[j] = best;
+  }
+  const float top = logits[ids[0]];
+  if (routing == kTopKSoftmax) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum += weights[j] = std::exp(logits[ids[j]] - top);
+    for (int64_t j = 0; j < k; ++j) weights[j] /= sum;
+    return;
+  }
+  float all = 0.0f;  // softmax over every expert, then the chosen ones' probabilities
+  for (int64_t e = 0; e < E; ++e) all += std::exp(logits[e] - top);
+  for (int64_t j = 0; j < k; ++j) weights[j] = std::exp(logits[ids[j]] - top) / all;
+  if (routing == kSoftmaxRenorm) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum += weights[j];
+    for (int64_t j = 0; j < k; ++j) weights[j] /= sum;
+  }
+}
 
 at::Tensor decode_layers(
     const at::Tensor& x_in,           // [T, H] fp32: the embedded tokens
@@ -724,25 +797,58 @@ at::Tensor decode_layers(
     at::TensorList k_caches,          // per layer [blocks, block_size, kv_heads, D], all fp32 or all bf16
     at::TensorList v_caches,
     at::TensorList norms,             // per layer its layout's norms (2 or 4), then the final norm
-    at::TensorList weights,           // per projection (qkv, o, gate_up, down of each layer) as `kinds` says
-    at::TensorList wide,              // per layer oneDNN bf16 qkv, o, gate_up, down, or empty
-    const c10::List<c10::optional<at::Tensor>>& biases,     // per layer qkv, o, gate_up, down
+    at::TensorList weights,           // per projection (Gemms: a dense layer's 4, a mixture's 2 + 2E) as `kinds` says
+    at::TensorList wide,              // per dense projection its kept wide copy (Gemms), or empty
+    const c10::List<c10::optional<at::Tensor>>& biases,     // per projection
     const c10::List<c10::optional<at::Tensor>>& qk_norms,   // per layer q_norm, k_norm (per head), or empty
     at::IntArrayRef windows,          // per layer sliding window, 0 = none
     at::IntArrayRef rope_local,       // per layer 1: rotate with the local table, or empty
     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
     double eps, double scale, at::IntArrayRef kinds, int64_t group, int64_t narrow_rows, int64_t wide_kind,
-    int64_t layout, int64_t act, double residual_scale) {
+    int64_t layout, int64_t act, double residual_scale,
+    const c10::List<c10::optional<at::Tensor>>& sinks,          // per layer fp32 [heads] (gpt-oss), or empty
+    const c10::List<c10::optional<at::Tensor>>& routers,        // per layer a mixture's router fp32 [E, H]
+                                                                // (None: a dense layer), or empty
+    const c10::List<c10::optional<at::Tensor>>& router_biases,  // per layer its bias fp32 [E], or empty
+    int64_t top_k, int64_t routing, int64_t moe_intermediate, double swiglu_alpha, double swiglu_limit) {
   const int64_t L = int64_t(k_caches.size());
-  const int64_t T = x_in.size(0), H = x_in.size(1), D = head_dim, I = intermediate;
+  const int64_t T = x_in.size(0), H = x_in.size(1), D = head_dim, I = intermediate, MI = moe_intermediate;
   const int64_t Q = heads * D, KV = kv_heads * D, QKV = Q + 2 * KV;
   TORCH_CHECK(layout == kPre || layout == kSandwich, "decode_layers: unknown norm layout ", layout);
-  TORCH_CHECK(act == kSilu || act == kGeluTanh, "decode_layers: unknown activation ", act);
+  TORCH_CHECK(act >= kSilu && act <= kSwigluOai, "decode_layers: unknown activation ", act);
+  TORCH_CHECK(routing >= kSoftmaxRenorm && routing <= kTopKSoftmax, "decode_layers: unknown routing ", routing);
+  const Glu glu{act, float(swiglu_alpha), float(swiglu_limit)};
   const int64_t NL = layout == kSandwich ? 4 : 2;  // norms per layer
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.is_contiguous(), "decode_layers: x must be contiguous fp32");
+  TORCH_CHECK((routers.size() == 0 || int64_t(routers.size()) == L) &&
+                  (router_biases.size() == 0 || router_biases.size() == routers.size()) &&
+                  (sinks.size() == 0 || int64_t(sinks.size()) == L),
+              "decode_layers: per-layer lists of the wrong length");
+  // Each layer's experts (0: dense), its projections' and wide copies' count.
+  std::vector<int64_t> experts(L, 0);
+  int64_t projections = 0, wides = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (routers.size() && routers.get(l).has_value()) {
+      const at::Tensor r = *routers.get(l);
+      TORCH_CHECK(r.dim() == 2 && r.size(1) == H && r.scalar_type() == at::kFloat && r.is_contiguous() &&
+                      top_k >= 1 && top_k <= r.size(0) && MI > 0,
+                  "decode_layers: a router must be contiguous fp32 [E, hidden], top_k within E");
+      const c10::optional<at::Tensor> b = router_biases.size() ? router_biases.get(l) : c10::nullopt;
+      TORCH_CHECK(!b.has_value() || (b->numel() == r.size(0) && b->scalar_type() == at::kFloat && b->is_contiguous()),
+                  "decode_layers: a router's bias must be contiguous fp32 [E]");
+      experts[l] = r.size(0);
+    }
+    projections += experts[l] ? 2 + 2 * experts[l] : 4;
+    wides += experts[l] ? 2 : 4;
+    if (sinks.size() && sinks.get(l).has_value()) {
+      const at::Tensor k = *sinks.get(l);
+      TORCH_CHECK(k.numel() == heads && k.scalar_type() == at::kFloat && k.is_contiguous(),
+                  "decode_layers: sinks must be contiguous fp32 [heads]");
+    }
+  }
   TORCH_CHECK(int64_t(v_caches.size()) == L && int64_t(norms.size()) == NL * L + 1 &&
-                  int64_t(biases.size()) == 4 * L && int64_t(windows.size()) == L && int64_t(kinds.size()) == 4 * L &&
-                  (wide.size() == 0 || int64_t(wide.size()) == 4 * L) &&
+                  int64_t(biases.size()) == projections && int64_t(windows.size()) == L &&
+                  int64_t(kinds.size()) == projections && (wide.size() == 0 || int64_t(wide.size()) == wides) &&
                   (qk_norms.size() == 0 || int64_t(qk_norms.size()) == 2 * L) &&
                   (rope_local.size() == 0 || int64_t(rope_local.size()) == L),
               "decode_layers: per-layer lists of the wrong length");
@@ -813,13 +919,66 @@ at::Tensor decode_layers(
     }
   };
 
+  // A mixture's block over h [T, H] (layer l, its experts' projections from p0: expert e's
+  // gate_up p0 + 2e, down p0 + 2e + 1): the router's logits (fp32, plus its bias), each
+  // row's top k experts and weights (route_row), then each expert some row chose, over just
+  // those rows, in expert order; out[t] = sum_j w_j * (down_j(glu(gate_up_j(h_t))) + bias),
+  // summed as layers.py's index_add_ sums them.
+  auto moe_block = [&](const at::Tensor& h, int64_t l, int64_t p0) {
+    const int64_t E = experts[l];
+    const float* wr = routers.get(l)->data_ptr<float>();
+    const c10::optional<at::Tensor> rb = router_biases.size() ? router_biases.get(l) : c10::nullopt;
+    const float* br = rb.has_value() ? rb->data_ptr<float>() : nullptr;
+    const float* hp = h.data_ptr<float>();
+    std::vector<float> logits(E), weight(top_k);
+    std::vector<int64_t> ids(top_k);
+    std::vector<std::vector<std::pair<int64_t, float>>> rows(E);  // per expert: (row, weight)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < E; ++e) {
+        const float* w = wr + e * H;
+        const float* x = hp + t * H;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < H; ++i) s += x[i] * w[i];
+        logits[e] = br ? s + br[e] : s;
+      }
+      route_row(logits.data(), E, top_k, routing, ids.data(), weight.data());
+      for (int64_t j = 0; j < top_k; ++j) rows[ids[j]].push_back({t, weight[j]});
+    }
+    at::Tensor out = at::zeros({T, H}, f32);
+    float* op = out.data_ptr<float>();
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t m = int64_t(rows[e].size());
+      if (m == 0) continue;
+      at::Tensor xe = at::empty({m, H}, f32), ae = at::empty({m, MI}, f32);
+      for (int64_t r = 0; r < m; ++r)
+        std::memcpy(xe.data_ptr<float>() + r * H, hp + rows[e][r].first * H, H * sizeof(float));
+      const Rows g(gemm(xe, p0 + 2 * e, 2 * MI), bias_of(p0 + 2 * e));
+      std::vector<float> gate_up(2 * MI);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t i = 0; i < 2 * MI; ++i) gate_up[i] = g.at(r, i);
+        glu_row(glu, gate_up.data(), MI, ae.data_ptr<float>() + r * MI);
+      }
+      const Rows y(gemm(ae, p0 + 2 * e + 1, H), bias_of(p0 + 2 * e + 1));
+      for (int64_t r = 0; r < m; ++r) {
+        float* o = op + rows[e][r].first * H;
+        const float w = rows[e][r].second;
+        for (int64_t i = 0; i < H; ++i) o[i] += y.at(r, i) * w;
+      }
+    }
+    return out;
+  };
+
+  const bool use_wide = wide.size() > 0 && T > narrow_rows;
+  int64_t p = 0, w = 0;  // layer l's first projection and first wide copy
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* n = &norms[NL * l];  // this layer's norms
     const bool sandwich = layout == kSandwich;
     const float* C = rope_tables[rope_local.size() && rope_local[l]][0];
     const float* S = rope_tables[rope_local.size() && rope_local[l]][1];
+    const int64_t wq = use_wide ? w : -1;  // this layer's wide copies (-1: the narrow GEMMs)
     // Attention block: qkv, rotary, the KV write, attention, o_proj.
-    const Rows y(gemm(norm_in(n[0]), l, 0, QKV), bias_of(4 * l));
+    const Rows y(gemm(norm_in(n[0]), p, QKV, wq), bias_of(p));
     for (int64_t t = 0; t < T; ++t) {
       float* row = tmp.data();
       for (int64_t i = 0; i < QKV; ++i) row[i] = y.at(t, i);
@@ -835,29 +994,29 @@ at::Tensor decode_layers(
       std::memcpy(vbuf.data() + t * KV, row + Q + KV, KV * sizeof(float));
     }
     write(kbuf.data(), vbuf.data(), slot, k_caches[l], v_caches[l], T, KV);
+    const c10::optional<at::Tensor> sink = sinks.size() ? sinks.get(l) : c10::nullopt;
     attend_cache(qbuf.data(), k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
-                 T, windows[l], shape, obuf.data());
+                 T, windows[l], shape, obuf.data(), sink.has_value() ? sink->data_ptr<float>() : nullptr);
     std::memcpy(o_in.data_ptr<float>(), obuf.data(), T * Q * sizeof(float));
-    add_block(Rows(gemm(o_in, l, 1, H), bias_of(4 * l + 1)), sandwich ? &n[1] : nullptr);
+    add_block(Rows(gemm(o_in, p + 1, H, wq < 0 ? -1 : wq + 1), bias_of(p + 1)), sandwich ? &n[1] : nullptr);
 
+    const at::Tensor& mlp_in = norm_in(n[sandwich ? 2 : 1]);
+    if (experts[l]) {  // the mixture's block
+      add_block(Rows(moe_block(mlp_in, l, p + 2), nullptr), sandwich ? &n[3] : nullptr);
+      p += 2 + 2 * experts[l];
+      w += 2;
+      continue;
+    }
     // MLP block: gate|up, act(gate) * up, down.
-    const Rows gy(gemm(norm_in(n[sandwich ? 2 : 1]), l, 2, 2 * I), bias_of(4 * l + 2));
+    const Rows gy(gemm(mlp_in, p + 2, 2 * I, wq < 0 ? -1 : wq + 2), bias_of(p + 2));
     for (int64_t t = 0; t < T; ++t) {
       float* g = gbuf.data();
       for (int64_t i = 0; i < 2 * I; ++i) g[i] = gy.at(t, i);
-      float* out = a_in.data_ptr<float>() + t * I;
-      if (act == kSilu) {
-#pragma omp simd
-        for (int64_t i = 0; i < I; ++i) out[i] = g[i] / (1.0f + exp_approx(-g[i])) * g[I + i];
-      } else {  // torch's gelu(approximate="tanh")
-        constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
-        for (int64_t i = 0; i < I; ++i) {
-          const float v = g[i];
-          out[i] = 0.5f * v * (1.0f + std::tanh(kAlpha * (v + 0.044715f * v * v * v))) * g[I + i];
-        }
-      }
+      glu_row(glu, g, I, a_in.data_ptr<float>() + t * I);
     }
-    add_block(Rows(gemm(a_in, l, 3, H), bias_of(4 * l + 3)), sandwich ? &n[3] : nullptr);
+    add_block(Rows(gemm(a_in, p + 3, H, wq < 0 ? -1 : wq + 3), bias_of(p + 3)), sandwich ? &n[3] : nullptr);
+    p += 4;
+    w += 4;
   }
   const float* fw = norms[NL * L].data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) rms_norm(xp + t * H, fw, float(eps), H, xp + t * H);
@@ -947,7 +1106,9 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "Tensor block_tables, Tensor seq_lens, Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, "
       "Tensor[] wide, Tensor?[] biases, Tensor?[] qk_norms, int[] windows, int[] rope_local, int heads, int kv_heads, "
       "int head_dim, int intermediate, float eps, float scale, int[] kinds, int group, int narrow_rows, "
-      "int wide_kind, int layout, int act, float residual_scale) -> Tensor",
+      "int wide_kind, int layout, int act, float residual_scale, Tensor?[] sinks, Tensor?[] routers, "
+      "Tensor?[] router_biases, int top_k, int routing, int moe_intermediate, float swiglu_alpha, "
+      "float swiglu_limit) -> Tensor",
       TORCH_FN(decode_layers));
 }
 

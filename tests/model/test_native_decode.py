@@ -241,12 +241,77 @@ def test_other_families_decode_natively(family_ggufs: dict, family: str, outtype
     _decode_both(model, native, [[3 + i, 40 + 2 * i, 90 - i] for i in range(NARROW_ROWS + 2)], steps=2)
 
 
+# Mixtures of experts in GGUFs llama.cpp's converter writes: gpt-oss (sinks, windowed layers
+# between full ones, YaRN, a biased router whose top k logits are softmaxed, biased experts
+# held as the file's MXFP4, the clamped SwiGLU), Qwen3-MoE (per-head q/k norms; softmax,
+# top k, renormalised) and Mixtral.
+MOE_CASES = {
+    "qwen3_moe": dict(num_layers=2, num_heads=4, num_kv_heads=2, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, norm_topk_prob=True),
+    "mixtral": dict(num_layers=2, num_heads=4, num_kv_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                    intermediate_size=64),
+}
+
+
+@pytest.fixture(scope="module")
+def moe_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    from tests.model.test_families import GPT_OSS
+    from tests.model.tiny_models import mxfp4_gpt_oss
+
+    converter = converter_dir()
+    if converter is None:
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not here (make test extracts it; IGNIS_LLAMACPP_DIR)")
+    root = tmp_path_factory.mktemp("native-moe")
+    dirs = {family: build_tiny_model(root / family, family, max_position_embeddings=1024, **kwargs)
+            for family, kwargs in MOE_CASES.items()}
+    oss = build_tiny_model(root / "gpt_oss", "gpt_oss", seed=5, **{**GPT_OSS, "max_position_embeddings": 1024})
+    dirs["gpt_oss"] = mxfp4_gpt_oss(oss, root / "gpt_oss-dense", root / "gpt_oss-mxfp4")[1]
+    out = {}
+    for outtype in ("f32", "q8_0"):
+        jobs = [(d, root / f"{family}-{outtype}.gguf") for family, d in dirs.items()]
+        convert(converter, jobs, outtype)
+        out.update({(family, outtype): dst for (_, dst), family in zip(jobs, dirs, strict=True)})
+    return out
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("family", ["gpt_oss", *MOE_CASES])
+def test_mixtures_decode_natively(moe_ggufs: dict, family: str, outtype: str) -> None:
+    model = load_model(str(moe_ggufs[family, outtype]), progress=False, weight_form="quantized").model
+    native = NativeDecoder.build(model)
+    assert native is not None
+    E, L = model.config.num_experts, len(model.layers)
+    assert len(native.kinds) == L * (2 + 2 * E) and len(native.routers) == L
+    if family == "gpt_oss":  # its experts stay the file's MXFP4 at either outtype
+        assert native.kinds[2:2 + 2 * E] == [5] * (2 * E) and len(native.sinks) == L
+        assert all(b is not None for b in native.router_biases + native.biases)
+    prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(300)], [5]]
+    for kv_dtype in (torch.float32, torch.bfloat16):
+        _decode_both(model, native, prompts, steps=4, kv_dtype=kv_dtype)
+    _decode_both(model, native, prompts[2:], steps=3)  # one user's step: one row, top-k experts of E
+    # What the file cannot say: unnormalised expert weights (HF Qwen3-MoE's norm_topk_prob
+    # false; llama.cpp always renormalises) and a SwiGLU clamp random weights reach
+    # (llama.cpp fixes it at 7).
+    for m in (layer.mlp for layer in model.layers):
+        m.renormalize, m.limit = False, 0.5
+    native = NativeDecoder.build(model)
+    assert native is not None
+    _decode_both(model, native, prompts, steps=3)
+
+
+def test_mixture_with_a_mixed_forms_wide_attention(moe_ggufs: dict) -> None:
+    """The mixed form keeps wide copies of the attention's GEMMs only (the experts stay
+    narrow): steps of more than NARROW_ROWS rows use them, the experts theirs."""
+    model = load_model(str(moe_ggufs["gpt_oss", "q8_0"]), progress=False, weight_form="mixed").model
+    native = NativeDecoder.build(model)
+    assert native is not None and len(native.wide) == 2 * len(model.layers)
+    _decode_both(model, native, [[3 + i, 40 + 2 * i, 90 - i] for i in range(NARROW_ROWS + 2)], steps=2)
+
+
 @pytest.mark.parametrize("family, kwargs, why", [
     ("gemma2", dict(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, attn_logit_softcapping=4.0),
      "soft-capped attention scores"),
     ("olmo2", dict(num_heads=4, num_kv_heads=2), "post norms"),
-    ("qwen3_moe", dict(num_layers=2, num_heads=4, num_kv_heads=2, num_experts=4, num_experts_per_tok=2,
-                       moe_intermediate_size=32), "a mixture of experts"),
 ])
 def test_layers_it_does_not_compute_stay_eager(tmp_path: Path, family: str, kwargs: dict, why: str) -> None:
     assert unsupported(read_hf_config(build_tiny_model(tmp_path / family, family, **kwargs))) == why
