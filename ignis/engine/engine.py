@@ -413,12 +413,13 @@ class LLMEngine:
         publish = self.block_manager.publish
         started: list[GrammarState] = []
         for i, seq in enumerate(batch.seqs):
+            draft = batch.draft(i)
             if i in result.deferred:
                 # Its grammar mask was not ready: nothing sampled. Its last token goes through
-                # the model again with the next step that runs it (the same K/V rewritten).
-                seq.num_computed_tokens += batch.num_new_tokens[i] - 1
+                # the model again with the next step that runs it (the same K/V rewritten; a
+                # draft's K/V past it are never read: the next step writes over them).
+                seq.num_computed_tokens += 0 if draft else batch.num_new_tokens[i] - 1
                 continue
-            draft = batch.draft(i)
             # A row with a draft computed its last token for sure; each draft token counts
             # once it is kept (below).
             seq.num_computed_tokens += 1 if draft else batch.num_new_tokens[i]

@@ -21,6 +21,10 @@ with each sampled token. Semantics:
   sequences drop theirs.
 - With a grammar, stop strings (which could cut the grammar's text anywhere) and
   min_tokens (which would ban the end the grammar demands) are refused at submit.
+- Speculative decoding: a draft is cut at its first token the grammar refuses
+  (`valid_prefix`), and each draft position samples under the mask that follows the
+  draft's tokens before it (`fill_draft_masks`: consumed, masked, rolled back), so a kept
+  draft is exactly what the grammar lets plain decoding sample.
 - Every llguidance call that compiles runs on a thread with a large native stack
   (ignis/engine/grammar_thread.py), under `LIMITS`; masks are filled off the engine's
   thread (ignis/engine/grammar_masks.py). Error messages are llguidance's first line,
@@ -41,8 +45,8 @@ from ignis.engine.grammar_thread import on_grammar_thread
 if TYPE_CHECKING:
     from ignis.model.tokenizer import Tokenizer
 
-__all__ = ["LIMITS", "MESSAGE_CHARS", "Grammar", "GrammarError", "GrammarState", "bounded_message", "fill_masks",
-           "ll_tokenizer", "mask_words"]
+__all__ = ["LIMITS", "MESSAGE_CHARS", "Grammar", "GrammarError", "GrammarState", "bounded_message",
+           "fill_draft_masks", "fill_masks", "ll_tokenizer", "mask_words"]
 
 GrammarKind = Literal["json_schema", "json_object", "lark", "regex"]
 
@@ -173,7 +177,8 @@ def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenize
 class GrammarState:
     """One sequence's matcher. Not thread-safe: the engine's thread alone uses it."""
 
-    __slots__ = ("fill", "grammar", "late", "mask_words", "matcher", "num_tokens", "quick", "vocab_size")
+    __slots__ = ("draft_fill", "fill", "grammar", "late", "mask_words", "matcher", "num_tokens", "quick",
+                 "slow_drafts", "vocab_size")
 
     def __init__(self, grammar: Grammar, tokenizer: llguidance.LLTokenizer) -> None:
         self.grammar = grammar
@@ -192,6 +197,10 @@ class GrammarState:
         self.fill: Any = None
         self.late = False
         self.quick = False
+        # The masks at a speculative draft's positions after the first (grammar_masks.py), and
+        # whether they once came slowly (then this sequence drafts no more).
+        self.draft_fill: Any = None
+        self.slow_drafts = False
 
     def advance(self, token: int) -> str | None:
         """Consume a sampled token; an error message when the grammar rejects it."""
@@ -200,6 +209,10 @@ class GrammarState:
                     f"{bounded_message(self.matcher.get_error())}")
         self.num_tokens += 1
         return None
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens` the grammar would take in turn from here (nothing consumed)."""
+        return self.matcher.validate_tokens(tokens)
 
     @property
     def accepting(self) -> bool:
@@ -233,6 +246,25 @@ def fill_masks(states: list[GrammarState], out: np.ndarray) -> None:
         _executor = llguidance.LLExecutor()
     _executor.unsafe_compute_mask_ptr([(s.matcher, k) for k, s in enumerate(states)], out.ctypes.data, row_bytes,
                                       out.shape[0])
+
+
+def fill_draft_masks(state: GrammarState, draft: list[int], out: np.ndarray) -> None:
+    """out[j] = the bitmask after the draft's first j + 1 tokens ([len(draft), W] int32,
+    C-contiguous): the tokens consumed one by one, each mask filled, then all rolled back,
+    so the matcher ends where it began. Rows past the grammar's first refusal stay zero."""
+    if out.dtype != np.int32 or not out.flags["C_CONTIGUOUS"] or out.shape[0] < len(draft):
+        raise ValueError("out must be a C-contiguous int32 [R, W] array with a row per draft token")
+    m = state.matcher
+    taken = 0
+    try:
+        for j, token in enumerate(draft[: m.validate_tokens(draft)]):
+            if not m.consume_token(token):
+                break
+            taken += 1
+            m.unsafe_compute_mask_ptr(out[j].ctypes.data, out.shape[1] * 4)
+    finally:
+        if taken:
+            m.rollback(taken)
 
 
 def is_grammar_failure(error: str | None) -> bool:

@@ -17,6 +17,10 @@ engine never waits on a mask beyond a step's worth of time:
   sequence is scheduled only once its mask is ready (`blocked`). Other rows never wait
   for it.
 - A fill that runs past `MASK_TIMEOUT_S` fails its request (`overdue`).
+- A speculative draft's positions after the first (`start_drafts`, `draft_masks`): only
+  quick states draft (ignis/engine/speculation.py), and their draft masks fill on the
+  batch lane right after the position's own (one worker: never two fills on a matcher at
+  once), during the forward; the sampler waits for them as for the first.
 
 Fills run on threads with a large stack (ignis/engine/grammar_thread.py); each one's
 end calls `wake` (the AsyncEngine's core thread sleeps while every sequence waits on
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ignis.engine.grammar import GrammarState, fill_masks
+from ignis.engine.grammar import GrammarState, fill_draft_masks, fill_masks
 from ignis.engine.grammar_thread import BigStackPool
 
 __all__ = ["MASK_TIMEOUT_S", "MaskFill", "MaskFiller", "blocked", "overdue"]
@@ -78,15 +82,23 @@ def _timed_fill(states: list[GrammarState], rows: np.ndarray) -> float:
     return time.perf_counter() - started
 
 
+def _timed_draft_fill(state: GrammarState, draft: list[int], rows: np.ndarray) -> float:
+    started = time.perf_counter()
+    fill_draft_masks(state, draft, rows)
+    return time.perf_counter() - started
+
+
 def _current(state: GrammarState) -> MaskFill | None:
     fill = state.fill
     return fill if fill is not None and fill.position == state.num_tokens else None
 
 
 def blocked(state: GrammarState) -> bool:
-    """A late state whose mask is still being filled: its sequence waits (not scheduled)."""
+    """A late state whose mask (or a draft's masks) is still being filled: its sequence
+    waits (not scheduled), and nothing touches its matcher meanwhile."""
     fill = _current(state)
-    return state.late and fill is not None and not fill.done
+    drafting = state.draft_fill is not None and not state.draft_fill.done
+    return state.late and (drafting or (fill is not None and not fill.done))
 
 
 def overdue(state: GrammarState, now: float) -> bool:
@@ -104,7 +116,7 @@ class MaskFiller:
 
     def start(self, states: list[GrammarState]) -> None:
         """Start filling each state's mask for its current position, unless one is."""
-        fresh = [s for s in states if _current(s) is None]
+        fresh = list({id(s): s for s in states if _current(s) is None}.values())  # one fill a matcher
         if not fresh:
             return
         now = time.monotonic()
@@ -114,6 +126,29 @@ class MaskFiller:
         for s in fresh:
             if not s.quick or s.late:
                 self._launch(self._alone, [s], now)
+
+    def start_drafts(self, drafts: list[tuple[GrammarState, list[int]]]) -> None:
+        """Start filling the masks at each state's draft positions after the first (after
+        `start`, on the same lane: its position's own fill runs first)."""
+        now = time.monotonic()
+        for state, draft in drafts:
+            rows = np.zeros((len(draft), state.mask_words), dtype=np.int32)
+            future = self._batch.submit(_timed_draft_fill, state, draft, rows)
+            state.draft_fill = MaskFill(future, rows, 0, state.num_tokens, now)
+
+    def draft_masks(self, state: GrammarState, wait: float | None) -> np.ndarray | None:
+        """The masks at the state's current draft's positions after the first ([k, W]),
+        after waiting at most `wait` seconds; None: not filled in time (or it failed). A
+        state whose draft masks were slow drafts no more (`slow_drafts`)."""
+        fill = state.draft_fill
+        if fill is None or fill.position != state.num_tokens:
+            return None
+        if not fill.done:
+            wait_futures({fill.future}, timeout=wait)
+        took = fill.took
+        if took is None or took > FAST_S * len(fill.rows):
+            state.slow_drafts = True
+        return fill.rows if took is not None else None
 
     def _launch(self, pool: BigStackPool, states: list[GrammarState], now: float) -> None:
         rows = np.zeros((len(states), max(s.mask_words for s in states)), dtype=np.int32)

@@ -312,7 +312,8 @@ class ModelRunner:
             for i in batch_index:
                 offsets.append(count.get(i, 0))
                 count[i] = offsets[-1] + 1
-        self.sampler.prefetch_masks(rows)  # grammar bitmasks fill while the model runs
+        drafts = [batch.draft(i) for i in batch_index] if offsets is not None else None
+        self.sampler.prefetch_masks(rows, drafts)  # grammar bitmasks fill while the model runs
         started = time.perf_counter()
         logits = self.forward(inputs)
         if logits is None:

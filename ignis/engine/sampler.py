@@ -102,12 +102,17 @@ class Sampler:
         self._penalty_ids: weakref.WeakKeyDictionary[Sequence, _PenaltyIds] = weakref.WeakKeyDictionary()
         self.masks = MaskFiller(wake)
 
-    def prefetch_masks(self, rows: list[Sequence]) -> None:
+    def prefetch_masks(self, rows: list[Sequence], drafts: list[list[int]] | None = None) -> None:
         """Start filling the grammar rows' bitmasks for this step's sampling `rows` (call it
-        before the forward; `sample` picks up the ones for its rows)."""
+        before the forward; `sample` picks up the ones for its rows). `drafts`: per row, its
+        sequence's speculative draft ([] for none): the masks at its later positions too."""
         states = [s.grammar for s in rows if s.grammar is not None]
-        if states:
-            self.masks.start(states)
+        if not states:
+            return
+        self.masks.start(states)
+        pairs = {id(s): (s.grammar, d) for s, d in zip(rows, drafts or ()) if s.grammar is not None and d}
+        if pairs:
+            self.masks.start_drafts(list(pairs.values()))
 
     def sample(self, logits: torch.Tensor, rows: list[Sequence], mask_wait: float | None = None,
                offsets: list[int] | None = None) -> Sampled:
@@ -116,7 +121,7 @@ class Sampler:
         rows whose masks take longer than `mask_wait` seconds more (None: no limit) are
         deferred. `offsets`: per row, how many output positions past the sequence's next
         one it samples (a speculative draft's rows; None: all 0), for the seeds' stream."""
-        failed, deferred = self._mask_grammar(logits, rows, mask_wait)  # in place, once (the retry reuses it)
+        failed, deferred = self._mask_grammar(logits, rows, mask_wait, offsets)  # in place, once (the retry reuses it)
         offsets = offsets or [0] * len(rows)
         try:
             out = self._sample_rows(logits, rows, offsets)
@@ -207,8 +212,8 @@ class Sampler:
 
     # -- masks ----------------------------------------------------------------------
 
-    def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence],
-                      wait: float | None) -> tuple[dict[int, str], set[int]]:
+    def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence], wait: float | None,
+                      offsets: list[int] | None = None) -> tuple[dict[int, str], set[int]]:
         """Mask the rows that have an output grammar by their matchers' next-token bitmasks,
         in place (kernels.token_mask: idempotent, so a retried step may see them again).
 
@@ -219,20 +224,38 @@ class Sampler:
         if not ks:
             return {}, set()
         states: list[GrammarState] = [rows[k].grammar for k in ks]  # type: ignore[misc]
+        position = [offsets[k] if offsets else 0 for k in ks]  # 0, or a draft's j-th position after it
         ready = self.masks.ready(states, wait)
+        # A draft's later positions: the masks after its tokens before them. A state whose
+        # draft masks are not filled in time defers all its rows, as a late mask does.
+        drafted: dict[int, np.ndarray | None] = {}
+        for state, j, ok in zip(states, position, ready):
+            if ok and j > 0 and id(state) not in drafted:
+                drafted[id(state)] = self.masks.draft_masks(state, wait)
+                if drafted[id(state)] is None:
+                    state.late = True
+        late = {key for key, m in drafted.items() if m is None}
+        ready = [ok and id(s) not in late for s, ok in zip(states, ready)]
         deferred = {k for k, ok in zip(ks, ready) if not ok}
-        used = [(k, s) for k, s, ok in zip(ks, states, ready) if ok]
+        used = [(k, s, j) for k, s, j, ok in zip(ks, states, position, ready) if ok]
         failed: dict[int, str] = {}
         if not used:
             return failed, deferred
-        masks = self._mask_buffer(len(used), max(s.mask_words for _, s in used))
-        for r, (k, state) in enumerate(used):
+        masks = self._mask_buffer(len(used), max(s.mask_words for _, s, _ in used))
+        for r, (k, state, j) in enumerate(used):
             try:
-                masks[r] = state.fill.mask()
+                masks[r] = state.fill.mask() if j == 0 else drafted[id(state)][j - 1]  # type: ignore[index]
             except Exception as exc:  # noqa: BLE001 - this row alone fails
                 failed[k] = f"the output grammar's mask could not be computed: {exc!r}"[:400]
-        _trim(masks, min(logits.shape[1], min(s.vocab_size for _, s in used)))
-        for r, (k, state) in enumerate(used):
+        _trim(masks, min(logits.shape[1], min(s.vocab_size for _, s, _ in used)))
+        for r, (k, state, j) in enumerate(used):
+            if j > 0:
+                # A draft position the grammar allows nothing at (it ended within the draft):
+                # its sample is never kept (the output ends at the draft token that ended the
+                # grammar), so it samples freely rather than fail the request.
+                if not masks[r].any():
+                    masks[r] = -1
+                continue
             if k in failed:
                 pass
             elif state.matcher.is_error():  # (llguidance then allows EOS alone: not an end)
@@ -243,7 +266,7 @@ class Sampler:
                 masks[r] = -1
         dev = logits.device
         bitmask = torch.from_numpy(masks).to(dev)
-        which = torch.tensor([k for k, _ in used], dtype=torch.int64).to(dev)
+        which = torch.tensor([k for k, _, _ in used], dtype=torch.int64).to(dev)
         apply_token_bitmask_(logits, bitmask, which, _ALLOWED_FLOOR)
         return failed, deferred
 

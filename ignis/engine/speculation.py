@@ -11,9 +11,13 @@ token only when the sample equals it is rejection sampling with the draft as a p
 so the output is exactly what decoding without speculation gives: the same tokens for
 greedy and seeded requests, the same distribution for any other.
 
-A row drafts only where that equivalence needs no more than the logits: no penalties (they
-read the output so far), no output grammar or thinking budget (their masks depend on the
-tokens before), min_tokens already reached, not a prewarm. And only while few sequences
+A row drafts only where that equivalence needs no more than the logits and the grammar: no
+penalties (they read the output so far), no thinking budget (its forcing depends on the
+tokens before), min_tokens already reached, not a prewarm. Under an output grammar the
+draft is cut at its first token the grammar refuses, and each draft position samples under
+the mask that follows the draft's tokens before it (ignis/engine/grammar.py: exactly the
+mask plain decoding would have there, had it sampled those tokens); only grammars whose
+masks come quickly draft (a slow one would hold the step for k masks). And only while few sequences
 decode (`max_seqs`): a wide batch already keeps the machine busy, and checking drafts there
 costs more rows than it saves steps.
 
@@ -48,8 +52,9 @@ class NgramDrafter:
     @staticmethod
     def eligible(seq: Sequence) -> bool:
         p = seq.params
-        return (not seq.prewarm and seq.text is not None and seq.grammar is None and seq.budget is None
-                and not p.uses_penalties and seq.num_output_tokens >= p.min_tokens)
+        g = seq.grammar
+        return (not seq.prewarm and seq.text is not None and (g is None or (g.quick and not g.late and not g.slow_drafts))
+                and seq.budget is None and not p.uses_penalties and seq.num_output_tokens >= p.min_tokens)
 
     def __call__(self, seq: Sequence, room: int, decode_rows: int) -> list[int]:
         """Draft tokens for `seq`'s next step (at most `room`, and never past its max_tokens:
@@ -64,7 +69,10 @@ class NgramDrafter:
             return []
         if seq.ngram is None:
             seq.ngram = NgramIndex(self.max_n, self.min_n)
-        return seq.ngram.propose(seq.token_ids, k)
+        draft = seq.ngram.propose(seq.token_ids, k)
+        if draft and seq.grammar is not None:
+            draft = draft[: seq.grammar.valid_prefix(draft)]  # up to the first token it refuses
+        return draft
 
     def observe(self, seq: Sequence, drafted: int, kept: int) -> None:
         """A draft of `drafted` tokens kept `kept`: the next one's length, or a wait."""

@@ -1,11 +1,13 @@
 """Speculative decoding by prompt lookup (ignis/engine/ngram.py, speculation.py): the output is
 exactly plain decoding's (greedy and seeded token for token, unseeded in distribution), with
-stop strings, max_tokens, logprobs, the prefix cache and preemption; rows it must not draft
-for (grammar, penalties, min_tokens) get no draft."""
+stop strings, max_tokens, logprobs, the prefix cache, preemption and output grammars (a draft
+cut at the grammar's first refusal, each position under the mask after the draft before it);
+rows it must not draft for (penalties, min_tokens, slow grammars) get no draft."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 
 import pytest
@@ -157,12 +159,101 @@ def test_prefix_cache_and_preemption_keep_the_output(tiny: LoadedModel) -> None:
     assert again.token_ids == plain[0].token_ids
 
 
-def test_grammar_rows_get_no_draft(tiny: LoadedModel) -> None:
+# Any text without a digit (the repetition goes through), lower-case words only (it refuses
+# the prompt's capitals and full stop: drafts are cut there), and the prompt's sentence
+# alone (each position's mask its own: a draft position masked as another would not match).
+GRAMMARS = [r"[^0-9]{0,400}", r"([a-z]+ ){1,80}[a-z]+",
+            r"(The quick brown fox jumps over the lazy dog near the river bank\. ){1,4}"]
+
+
+@pytest.mark.parametrize("pattern", GRAMMARS)
+def test_grammar_rows_draft_and_keep_plain_decodings_output(tiny: LoadedModel, pattern: str) -> None:
     from ignis.engine.grammar import Grammar
 
+    # (the random model copies little: the last prompt is one it loops on)
+    prompts = [repetitive(tiny, 3), repetitive(tiny, 2)[3:], [5, 6, 7, 8, 5, 6, 7]]
+    grammar = Grammar.regex(pattern)
+    kept = 0
+    for params in ([SamplingParams.greedy(40, grammar=grammar)] * 3,
+                   [SamplingParams(max_tokens=40, temperature=0.7, seed=s, grammar=grammar, logprobs=True)
+                    for s in (1, 2, 3)]):
+        plain, _ = run(tiny, prompts, params)
+        spec, engine = run(tiny, prompts, params, **SPEC)
+        assert [c.token_ids for c in spec] == [c.token_ids for c in plain]
+        assert [c.finish_reason for c in spec] == [c.finish_reason for c in plain]
+        for a, b in zip(spec, plain, strict=True):  # logprobs as if sampled one by one
+            assert (a.logprobs is None) == (b.logprobs is None)
+            assert a.logprobs is None or a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert engine.num_draft_tokens > 0
+        kept += engine.num_accepted_draft_tokens
+        assert all(re.fullmatch(pattern, c.text) for c in spec if c.finish_reason == "stop")
+    assert kept > 0  # a kept draft token: the positions after it sampled under the draft's masks
+
+
+def test_a_draft_ends_at_the_grammars_first_refusal(tiny: LoadedModel) -> None:
+    import numpy as np
+
+    from ignis.engine.grammar import Grammar, GrammarState, fill_draft_masks, ll_tokenizer
+
+    tok = tiny.tokenizer
+    ll = ll_tokenizer(tok, tiny.model.config.vocab_size)
+    text = tok.encode("the quick brown fox")
+    state = GrammarState(Grammar.regex("the quick brown( fox)?"), ll)
+    draft = text + tok.encode(" jumps")
+    cut = state.valid_prefix(draft)
+    assert 0 < cut < len(draft) and draft[:cut] == text[:cut]
+    out = np.zeros((len(draft), state.mask_words), dtype=np.int32)
+    before = np.zeros((1, state.mask_words), dtype=np.int32)
+    state.matcher.unsafe_compute_mask_ptr(before.ctypes.data, before.shape[1] * 4)
+    fill_draft_masks(state, draft, out)
+    for j in range(cut):  # each: a fresh matcher's mask after the draft's first j + 1 tokens
+        fresh = GrammarState(state.grammar, ll)
+        assert fresh.matcher.consume_tokens(draft[: j + 1])
+        want = np.zeros((1, state.mask_words), dtype=np.int32)
+        fresh.matcher.unsafe_compute_mask_ptr(want.ctypes.data, want.shape[1] * 4)
+        assert np.array_equal(out[j], want[0]), j
+    assert not out[cut:].any()  # past the refusal: nothing filled
+    after = np.zeros_like(before)  # and the matcher is where it began
+    state.matcher.unsafe_compute_mask_ptr(after.ctypes.data, after.shape[1] * 4)
+    assert np.array_equal(after, before) and state.valid_prefix(draft) == cut
     engine = make(tiny, **SPEC)
-    out = engine.generate([repetitive(tiny)], [SamplingParams.greedy(12, grammar=Grammar.regex("(ab )+"))])
-    assert engine.num_draft_tokens == 0 and out[0].token_ids
+    engine.add_request("g", repetitive(tiny), SamplingParams.greedy(8, grammar=Grammar.regex("(ab )+")))
+    seq = engine.seqs["g"]
+    assert not NgramDrafter.eligible(seq)  # a grammar drafts once its masks have shown they are quick
+    seq.grammar.quick = True
+    assert NgramDrafter.eligible(seq)
+    drafter = NgramDrafter(6)
+    grammar, seq.grammar = seq.grammar, None
+    assert drafter(seq, 100, 1)  # the prompt's repetition proposes a draft ...
+    seq.grammar, seq.ngram = grammar, None
+    assert drafter(seq, 100, 1) == []  # ... which "(ab )+" refuses from its first token
+    seq.grammar.late = True
+    assert not NgramDrafter.eligible(seq)
+
+
+def test_slow_draft_masks_defer_the_row_and_keep_the_output(tiny: LoadedModel,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft's masks that miss the step defer its row (nothing sampled, nothing consumed,
+    the sequence waits for them); it then stops drafting, and the output is unchanged."""
+    import time
+
+    import ignis.engine.grammar_masks as masks_module
+    from ignis.engine.grammar import Grammar
+
+    real, slow = masks_module.fill_draft_masks, []
+
+    def fill(state, draft, out):
+        slow.append(len(draft))
+        time.sleep(0.2)
+        real(state, draft, out)
+
+    prompts = [repetitive(tiny, 3)]
+    params = [SamplingParams.greedy(30, grammar=Grammar.regex(GRAMMARS[2]))]
+    plain, _ = run(tiny, prompts, params)
+    monkeypatch.setattr(masks_module, "fill_draft_masks", fill)
+    spec, engine = run(tiny, prompts, params, **SPEC)
+    assert slow and spec[0].token_ids == plain[0].token_ids and spec[0].finish_reason == plain[0].finish_reason
+    assert len(slow) < 3  # slow draft masks: the grammar drafts no more (it is not quick)
 
 
 def test_native_decode_op_checks_drafts_exactly(smollm2_quantized: LoadedModel) -> None:
@@ -175,6 +266,13 @@ def test_native_decode_op_checks_drafts_exactly(smollm2_quantized: LoadedModel) 
     spec, engine = run(loaded, [prompt], params, max_num_seqs=1, **SPEC)
     if e0.runner.native is None:
         pytest.skip("the native decode op is not built here")
+    assert spec[0].token_ids == plain[0].token_ids
+    assert engine.num_accepted_draft_tokens > 0
+    from ignis.engine.grammar import Grammar  # and under an output grammar
+
+    params = [SamplingParams.greedy(32, grammar=Grammar.regex(GRAMMARS[0]))]
+    plain, _ = run(loaded, [prompt], params, max_num_seqs=1)
+    spec, engine = run(loaded, [prompt], params, max_num_seqs=1, **SPEC)
     assert spec[0].token_ids == plain[0].token_ids
     assert engine.num_accepted_draft_tokens > 0
 
