@@ -8,6 +8,9 @@ same loaded model):
   edit   a Codex-like edit: a ~2k-token source file (ignis/engine/block_manager.py, read
          at this commit) in the prompt, and the instruction to rewrite it whole with one
          class renamed, as apply_patch rewrites what it read; 256 output tokens
+  grammar  the edit under an output grammar that any text without a NUL matches (as a
+         structured output or a custom tool's grammar holds a reply): each draft position
+         then samples under its own mask (ignis/engine/grammar.py fill_draft_masks)
   chat   plain questions with nothing to copy (the engine benchmark's), 128 tokens each
 Each timed request's prompt is in the prefix cache already (a warm-up request runs it
 first), so the time is the decode's. Reported: output tok/s off and on, their ratio, the
@@ -46,6 +49,7 @@ def main() -> None:
     from experiments.bench_engine import prompts_for
     from ignis.config import EngineConfig
     from ignis.engine import LLMEngine, SamplingParams
+    from ignis.engine.grammar import Grammar
     from ignis.model import load_model
     from ignis.model.chat_template import encode_chat
 
@@ -60,7 +64,8 @@ def main() -> None:
         "on": LLMEngine(loaded, EngineConfig(max_num_seqs=1, num_kv_blocks=2048, speculative="ngram",
                                              num_speculative_tokens=args.tokens)),
     }
-    work = {"edit": ([edit], 256), "chat": (chats, 128)}
+    work = {"edit": ([edit], 256), "grammar": ([edit], 256), "chat": (chats, 128)}
+    grammar = Grammar.regex(r"[^\x00]*")
     rates: dict[tuple[str, str], list[float]] = {}
     outputs: dict[tuple[str, str], list[list[int]]] = {}
     drafts: dict[str, list[int]] = {}
@@ -70,7 +75,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name, (prompts, n) in work.items():
             for mode, engine in (engines.items() if r % 2 == 0 else reversed(engines.items())):
-                params = SamplingParams.greedy(n, ignore_eos=True)
+                params = SamplingParams.greedy(n, ignore_eos=True, grammar=grammar if name == "grammar" else None)
                 d0, a0 = engine.num_draft_tokens, engine.num_accepted_draft_tokens
                 tokens, elapsed = 0, 0.0
                 outs = []
