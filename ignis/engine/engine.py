@@ -221,11 +221,14 @@ class LLMEngine:
         budget_ms = getattr(cfg, "step_time_budget_ms", None)
         self.drafter = None
         if getattr(cfg.speculative, "value", cfg.speculative) == "ngram":
-            self.drafter = NgramDrafter(cfg.num_speculative_tokens, max_n=cfg.speculative_ngram_max,
-                                        min_n=cfg.speculative_ngram_min, max_seqs=cfg.speculative_max_seqs)
+            make = NgramDrafter.for_mixture if loaded.config.is_moe else NgramDrafter
+            self.drafter = make(cfg.num_speculative_tokens, max_n=cfg.speculative_ngram_max,
+                                min_n=cfg.speculative_ngram_min, max_seqs=cfg.speculative_max_seqs)
             log.info("speculative decoding: ngram, up to %d draft tokens (n-grams of %d..%d), while at most %d "
-                     "sequences decode", cfg.num_speculative_tokens, cfg.speculative_ngram_max,
-                     cfg.speculative_ngram_min, cfg.speculative_max_seqs)
+                     "sequences decode%s", cfg.num_speculative_tokens, cfg.speculative_ngram_max,
+                     cfg.speculative_ngram_min, cfg.speculative_max_seqs,
+                     "; a mixture of experts: first drafts of one token, growing by what is kept"
+                     if loaded.config.is_moe else "")
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=cfg.max_num_seqs,

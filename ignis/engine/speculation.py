@@ -27,6 +27,12 @@ next draft is one token longer than the last one's kept part, up to `num_tokens`
 a draft kept nothing the sequence waits 1, 2, 4 ... (at most MAX_BACKOFF) steps before it
 drafts again (chat text, which seldom repeats itself, then drafts rarely; a file being
 rewritten keeps long drafts).
+
+A mixture of experts pays more for a draft row: each row routes to experts of its own, so a
+step of 1 + k rows reads up to k more experts' weights (on gpt-oss-20b's shape a failed draft
+token cost about a whole step: RESULTS.md, 2026-12-03). There (`for_mixture`) a sequence's
+first draft is one token, growing only by what it keeps, and its waits go up to
+MIXTURE_MAX_BACKOFF.
 """
 
 from __future__ import annotations
@@ -37,10 +43,14 @@ from ignis.engine.sequence import Sequence
 
 # The most decode steps a sequence waits to draft again after drafts that kept nothing.
 MAX_BACKOFF = 16
+MIXTURE_MAX_BACKOFF = 64
 
 
 class NgramDrafter:
-    def __init__(self, num_tokens: int = 8, *, max_n: int = 4, min_n: int = 2, max_seqs: int = 4) -> None:
+    def __init__(self, num_tokens: int = 8, *, max_n: int = 4, min_n: int = 2, max_seqs: int = 4,
+                 first_tokens: int | None = None, max_backoff: int = MAX_BACKOFF) -> None:
+        """first_tokens: a sequence's first draft length (None: num_tokens); max_backoff: the
+        longest wait after drafts that kept nothing."""
         if num_tokens < 1:
             raise ValueError(f"engine.num_speculative_tokens must be at least 1, got {num_tokens}")
         if not 1 <= min_n <= max_n:
@@ -48,6 +58,13 @@ class NgramDrafter:
         if max_seqs < 1:
             raise ValueError(f"engine.speculative_max_seqs must be at least 1, got {max_seqs}")
         self.num_tokens, self.max_n, self.min_n, self.max_seqs = num_tokens, max_n, min_n, max_seqs
+        self.first_tokens = min(num_tokens, first_tokens or num_tokens)
+        self.max_backoff = max_backoff
+
+    @classmethod
+    def for_mixture(cls, num_tokens: int = 8, **kwargs: int) -> NgramDrafter:
+        """The drafter for a mixture of experts (see the module's docstring)."""
+        return cls(num_tokens, first_tokens=1, max_backoff=MIXTURE_MAX_BACKOFF, **kwargs)
 
     @staticmethod
     def eligible(seq: Sequence) -> bool:
@@ -64,7 +81,7 @@ class NgramDrafter:
         if seq.draft_wait > 0:
             seq.draft_wait -= 1
             return []
-        k = min(seq.draft_len or self.num_tokens, room, seq.max_tokens - seq.num_output_tokens - 1)
+        k = min(seq.draft_len or self.first_tokens, room, seq.max_tokens - seq.num_output_tokens - 1)
         if k <= 0:
             return []
         if seq.ngram is None:
@@ -80,7 +97,7 @@ class NgramDrafter:
         if kept:
             seq.draft_backoff = 0
         else:
-            seq.draft_backoff = min(MAX_BACKOFF, 2 * seq.draft_backoff or 1)
+            seq.draft_backoff = min(self.max_backoff, 2 * seq.draft_backoff or 1)
             seq.draft_wait = seq.draft_backoff
 
 

@@ -69,6 +69,29 @@ def test_drafter_refuses_rows_whose_sampling_reads_the_output(tiny: LoadedModel)
     assert drafter(seqs["plain"], 100, 1) == []  # the step's own token reaches max_tokens
 
 
+def test_a_mixtures_drafts_start_at_one_token_and_grow_by_what_is_kept(tiny: LoadedModel, tmp_path) -> None:
+    from ignis.engine.speculation import MIXTURE_MAX_BACKOFF
+    from ignis.model import load_model
+    from tests.model.tiny_models import build_tiny_model
+
+    moe = load_model(str(build_tiny_model(tmp_path / "moe", "qwen3_moe", num_layers=1, num_heads=4, num_kv_heads=2,
+                                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+                     progress=False)
+    assert make(moe, **SPEC).drafter.first_tokens == 1 and make(tiny, **SPEC).drafter.first_tokens == 6
+
+    engine = make(tiny, **SPEC)
+    engine.add_request("a", repetitive(tiny, 4), SamplingParams.greedy(30))
+    seq = engine.seqs["a"]
+    drafter = NgramDrafter.for_mixture(6)
+    assert len(drafter(seq, 100, 1)) == 1  # a dense model's drafter proposes 6 here
+    assert len(NgramDrafter(6)(seq, 100, 1)) == 6
+    drafter.observe(seq, 1, 1)
+    assert len(drafter(seq, 100, 1)) == 2
+    for _ in range(8):  # drafts that keep nothing: waits double up to the mixture's cap
+        drafter.observe(seq, 1, 0)
+    assert seq.draft_wait == MIXTURE_MAX_BACKOFF
+
+
 # -- exactness ----------------------------------------------------------------------------
 
 
