@@ -23,7 +23,7 @@ with each sampled token. Semantics:
   min_tokens (which would ban the end the grammar demands) are refused at submit.
 - Speculative decoding: a draft is cut at its first token the grammar refuses
   (`valid_prefix`), and each draft position samples under the mask that follows the
-  draft's tokens before it (`fill_draft_masks`: consumed, masked, rolled back), so a kept
+  draft's tokens before it (`fill_draft_masks`: consumed by a copy of the matcher), so a kept
   draft is exactly what the grammar lets plain decoding sample.
 - Every llguidance call that compiles runs on a thread with a large native stack
   (ignis/engine/grammar_thread.py), under `LIMITS`; masks are filled off the engine's
@@ -250,21 +250,17 @@ def fill_masks(states: list[GrammarState], out: np.ndarray) -> None:
 
 def fill_draft_masks(state: GrammarState, draft: list[int], out: np.ndarray) -> None:
     """out[j] = the bitmask after the draft's first j + 1 tokens ([len(draft), W] int32,
-    C-contiguous): the tokens consumed one by one, each mask filled, then all rolled back,
-    so the matcher ends where it began. Rows past the grammar's first refusal stay zero."""
+    C-contiguous), filled by a copy of the state's matcher that consumes them one by one
+    (the state's own stays where it is: llguidance cannot roll back grammars with
+    max_tokens or stop lexemes, as tool grammars have). Rows past the grammar's first
+    refusal stay zero."""
     if out.dtype != np.int32 or not out.flags["C_CONTIGUOUS"] or out.shape[0] < len(draft):
         raise ValueError("out must be a C-contiguous int32 [R, W] array with a row per draft token")
-    m = state.matcher
-    taken = 0
-    try:
-        for j, token in enumerate(draft[: m.validate_tokens(draft)]):
-            if not m.consume_token(token):
-                break
-            taken += 1
-            m.unsafe_compute_mask_ptr(out[j].ctypes.data, out.shape[1] * 4)
-    finally:
-        if taken:
-            m.rollback(taken)
+    m = state.matcher.deep_copy()  # ~2 us
+    for j, token in enumerate(draft[: m.validate_tokens(draft)]):
+        if not m.consume_token(token):
+            break
+        m.unsafe_compute_mask_ptr(out[j].ctypes.data, out.shape[1] * 4)
 
 
 def is_grammar_failure(error: str | None) -> bool:
