@@ -256,8 +256,8 @@ def fill_draft_masks(state: GrammarState, draft: list[int], out: np.ndarray) -> 
     refusal stay zero."""
     if out.dtype != np.int32 or not out.flags["C_CONTIGUOUS"] or out.shape[0] < len(draft):
         raise ValueError("out must be a C-contiguous int32 [R, W] array with a row per draft token")
-    m = state.matcher.deep_copy()  # ~2 us
-    for j, token in enumerate(draft[: m.validate_tokens(draft)]):
+    m = state.matcher.deep_copy()  # ~2 us; a refusal puts only the copy in error
+    for j, token in enumerate(draft):
         if not m.consume_token(token):
             break
         m.unsafe_compute_mask_ptr(out[j].ctypes.data, out.shape[1] * 4)

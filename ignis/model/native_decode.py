@@ -131,21 +131,18 @@ class NativeDecoder:
         self.routers: list[torch.Tensor | None] = []
         self.router_biases: list[torch.Tensor | None] = []
         for layer in model.layers:
-            self.biases += [_bias(lin.linear_op.bias) for lin in _linears(layer)]  # the op adds it (lin.bias is None)
+            self.biases += [_fp32(lin.linear_op.bias) for lin in _linears(layer)]  # the op adds it (lin.bias is None)
             moe = layer.mlp if isinstance(layer.mlp, SparseMoE) else None
-            self.routers.append(None if moe is None else moe.gate.weight.detach().float().contiguous())
-            self.router_biases.append(None if moe is None else _bias(moe.gate.bias))
+            self.routers.append(None if moe is None else _fp32(moe.gate.weight))
+            self.router_biases.append(None if moe is None else _fp32(moe.gate.bias))
             if moe is not None:
                 ex = moe.experts
                 for e in range(ex.num_experts):
-                    self.biases += [_bias(None if ex.gate_up_proj_bias is None else ex.gate_up_proj_bias[e]),
-                                    _bias(None if ex.down_proj_bias is None else ex.down_proj_bias[e])]
+                    self.biases += [None if b is None else _fp32(b[e]) for b in (ex.gate_up_proj_bias, ex.down_proj_bias)]
         assert len(self.biases) == len(self.kinds)
-        if not any(r is not None for r in self.routers):
-            self.routers = self.router_biases = []
-        sinks = [layer.self_attn.sinks for layer in model.layers]
-        self.sinks = [None if t is None else t.detach().float().contiguous() for t in sinks] if any(
-            t is not None for t in sinks) else []
+        # (empty lists: a model with no mixture, or no sinks)
+        self.routers, self.router_biases = _or_empty(self.routers), _or_empty(self.router_biases)
+        self.sinks = _or_empty([_fp32(layer.self_attn.sinks) for layer in model.layers])
         self.norms = [n.weight for layer in model.layers for n in _norms(layer)]
         self.norms.append(model.norm.weight)
         self.qk_norms: list[torch.Tensor | None] = []
@@ -245,8 +242,13 @@ class NativeDecoder:
 _EMPTY = torch.empty(0)
 
 
-def _bias(b: torch.Tensor | None) -> torch.Tensor | None:
-    return None if b is None else b.detach().float().contiguous()
+def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().float().contiguous()
+
+
+def _or_empty(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The per-layer list, or [] where every entry is None (decode.cpp's "none of these")."""
+    return tensors if any(t is not None for t in tensors) else []
 
 
 def _linears(layer: torch.nn.Module) -> list[Linear]:

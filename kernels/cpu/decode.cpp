@@ -165,7 +165,8 @@ struct Gemms {
   }
 
   // Projection p (numbered as above), whose output has n columns; w: its wide copy's index
-  // in `wide` (-1: it has none, the narrow GEMM serves every step).
+  // in `wide`, used on steps of more than narrow_rows rows when the model has them (-1:
+  // it has none, the narrow GEMM serves every step).
   at::Tensor operator()(const at::Tensor& x, int64_t p, int64_t n, int64_t w = -1) const {
     at::Tensor y;
     if (use_wide && w >= 0 && wide_kind == kWideFp16) {
@@ -969,16 +970,14 @@ at::Tensor decode_layers(
     return out;
   };
 
-  const bool use_wide = wide.size() > 0 && T > narrow_rows;
   int64_t p = 0, w = 0;  // layer l's first projection and first wide copy
   for (int64_t l = 0; l < L; ++l) {
     const at::Tensor* n = &norms[NL * l];  // this layer's norms
     const bool sandwich = layout == kSandwich;
     const float* C = rope_tables[rope_local.size() && rope_local[l]][0];
     const float* S = rope_tables[rope_local.size() && rope_local[l]][1];
-    const int64_t wq = use_wide ? w : -1;  // this layer's wide copies (-1: the narrow GEMMs)
     // Attention block: qkv, rotary, the KV write, attention, o_proj.
-    const Rows y(gemm(norm_in(n[0]), p, QKV, wq), bias_of(p));
+    const Rows y(gemm(norm_in(n[0]), p, QKV, w), bias_of(p));
     for (int64_t t = 0; t < T; ++t) {
       float* row = tmp.data();
       for (int64_t i = 0; i < QKV; ++i) row[i] = y.at(t, i);
@@ -998,7 +997,7 @@ at::Tensor decode_layers(
     attend_cache(qbuf.data(), k_caches[l], v_caches[l], block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
                  T, windows[l], shape, obuf.data(), sink.has_value() ? sink->data_ptr<float>() : nullptr);
     std::memcpy(o_in.data_ptr<float>(), obuf.data(), T * Q * sizeof(float));
-    add_block(Rows(gemm(o_in, p + 1, H, wq < 0 ? -1 : wq + 1), bias_of(p + 1)), sandwich ? &n[1] : nullptr);
+    add_block(Rows(gemm(o_in, p + 1, H, w + 1), bias_of(p + 1)), sandwich ? &n[1] : nullptr);
 
     const at::Tensor& mlp_in = norm_in(n[sandwich ? 2 : 1]);
     if (experts[l]) {  // the mixture's block
@@ -1008,13 +1007,13 @@ at::Tensor decode_layers(
       continue;
     }
     // MLP block: gate|up, act(gate) * up, down.
-    const Rows gy(gemm(mlp_in, p + 2, 2 * I, wq < 0 ? -1 : wq + 2), bias_of(p + 2));
+    const Rows gy(gemm(mlp_in, p + 2, 2 * I, w + 2), bias_of(p + 2));
     for (int64_t t = 0; t < T; ++t) {
       float* g = gbuf.data();
       for (int64_t i = 0; i < 2 * I; ++i) g[i] = gy.at(t, i);
       glu_row(glu, g, I, a_in.data_ptr<float>() + t * I);
     }
-    add_block(Rows(gemm(a_in, p + 3, H, wq < 0 ? -1 : wq + 3), bias_of(p + 3)), sandwich ? &n[3] : nullptr);
+    add_block(Rows(gemm(a_in, p + 3, H, w + 3), bias_of(p + 3)), sandwich ? &n[3] : nullptr);
     p += 4;
     w += 4;
   }

@@ -206,11 +206,26 @@ FAMILY_CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def family_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+def _converter() -> Path:
     converter = converter_dir()
     if converter is None:
         pytest.skip("llama.cpp's convert_hf_to_gguf.py is not here (make test extracts it; IGNIS_LLAMACPP_DIR)")
+    return converter
+
+
+def _convert_each(converter: Path, dirs: dict[str, Path], root: Path) -> dict[tuple[str, str], Path]:
+    """Each directory as llama.cpp's converter writes it at f32 and at q8_0: (name, outtype) -> file."""
+    out = {}
+    for outtype in ("f32", "q8_0"):
+        jobs = [(d, root / f"{name}-{outtype}.gguf") for name, d in dirs.items()]
+        convert(converter, jobs, outtype)
+        out.update({(name, outtype): dst for (_, dst), name in zip(jobs, dirs, strict=True)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def family_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    converter = _converter()
     root = tmp_path_factory.mktemp("native-families")
     dirs = {}
     for family, kwargs in FAMILY_CASES.items():
@@ -218,12 +233,7 @@ def family_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
                                         **kwargs)
         if family in ("gemma3", "phi3"):
             build_tiny_spm(dirs[family])  # the converter wants a tokenizer.model for these
-    out = {}
-    for outtype in ("f32", "q8_0"):
-        jobs = [(d, root / f"{family}-{outtype}.gguf") for family, d in dirs.items()]
-        convert(converter, jobs, outtype)
-        out.update({(family, outtype): dst for (_, dst), family in zip(jobs, dirs, strict=True)})
-    return out
+    return _convert_each(converter, dirs, root)
 
 
 @pytest.mark.parametrize("outtype, form", [("f32", "quantized"), ("q8_0", "quantized"), ("q8_0", "mixed")])
@@ -258,20 +268,13 @@ def moe_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str],
     from tests.model.test_families import GPT_OSS
     from tests.model.tiny_models import mxfp4_gpt_oss
 
-    converter = converter_dir()
-    if converter is None:
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py is not here (make test extracts it; IGNIS_LLAMACPP_DIR)")
+    converter = _converter()
     root = tmp_path_factory.mktemp("native-moe")
     dirs = {family: build_tiny_model(root / family, family, max_position_embeddings=1024, **kwargs)
             for family, kwargs in MOE_CASES.items()}
     oss = build_tiny_model(root / "gpt_oss", "gpt_oss", seed=5, **{**GPT_OSS, "max_position_embeddings": 1024})
     dirs["gpt_oss"] = mxfp4_gpt_oss(oss, root / "gpt_oss-dense", root / "gpt_oss-mxfp4")[1]
-    out = {}
-    for outtype in ("f32", "q8_0"):
-        jobs = [(d, root / f"{family}-{outtype}.gguf") for family, d in dirs.items()]
-        convert(converter, jobs, outtype)
-        out.update({(family, outtype): dst for (_, dst), family in zip(jobs, dirs, strict=True)})
-    return out
+    return _convert_each(converter, dirs, root)
 
 
 @pytest.mark.parametrize("outtype", ["f32", "q8_0"])
