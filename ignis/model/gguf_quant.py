@@ -55,13 +55,7 @@ def decode_int4(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np
         nb = n_cols // 256
         b = raw.reshape(n, nb, 144)
         d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-        s = b[..., 4:16].astype(np.uint8)  # 12 bytes: 8 six-bit scales and 8 six-bit mins
-        sc = np.empty((n, nb, 8), dtype=np.uint8)
-        mn = np.empty((n, nb, 8), dtype=np.uint8)
-        sc[..., :4] = s[..., 0:4] & 63
-        mn[..., :4] = s[..., 4:8] & 63
-        sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
-        mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+        sc, mn = _scales_6bit(b[..., 4:16])
         qs = b[..., 16:144].reshape(n, nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
         q = np.stack((qs & 0x0F, qs >> 4), axis=3)  # [n, nb, 4, 2, 32] -> sub-block 2i, 2i+1
         scale = d[..., None] * sc.astype(np.float32)
@@ -163,6 +157,40 @@ def _scales_6bit(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
+def decode_q6_k(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw rows [N, row_bytes] of a Q6_K tensor -> (q uint8 [N, K] in [0, 64), sc int8 [N, K/16],
+    d float32 [N, K/256]) with w = d * sc * (q - 32), each sixteen's scale sc."""
+    if qtype != QT.Q6_K:
+        raise ValueError(f"{qtype.name} is not Q6_K")
+    n, nb = raw.shape[0], n_cols // 256
+    b = raw.reshape(n, nb, 210)  # ql [128], qh [64], scales [16] int8, d fp16
+    ql = b[..., 0:128].reshape(n, nb, 2, 64)  # per half of 128: 64 bytes of low nibbles
+    qh = b[..., 128:192].reshape(n, nb, 2, 32)  # and 32 of four high-bit pairs
+    low = np.stack((ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4), axis=-2)
+    high = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-2)  # quarter j of a half: bits 2j
+    q = (low | (high << 4)).reshape(n, n_cols)
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(n, n_cols // 16)
+    return np.ascontiguousarray(q), np.ascontiguousarray(sc), _f16(b[..., 208:210])
+
+
+# Block types whose scales are six-bit multiples of a super-block's (d, dmin): held as they
+# are by the nibble formats (kernels/cpu/quant_gemm.h's K types' scales), not as fp32 pairs.
+K_SCALE_TYPES = frozenset({QT.Q4_K, QT.Q5_K})
+
+
+def decode_k_scales(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Raw rows [N, row_bytes] of a Q4_K/Q5_K tensor -> ((sc, m) uint8 [N, K/32, 2], (d, -dmin)
+    float32 [N, K/256, 2]): scale = sc * d and offset = m * -dmin, decode_int4's and
+    decode_wide_int's values exactly (both products are exact in fp32)."""
+    if qtype not in K_SCALE_TYPES:
+        raise ValueError(f"{qtype.name} has no super-block scales")
+    n, nb = raw.shape[0], n_cols // 256
+    b = raw.reshape(n, nb, 144 if qtype == QT.Q4_K else 176)
+    sc, mn = _scales_6bit(b[..., 4:16])
+    ds = np.stack((_f16(b[..., 0:2]), -_f16(b[..., 2:4])), axis=-1)
+    return np.ascontiguousarray(np.stack((sc, mn), axis=-1).reshape(n, nb * 8, 2)), np.ascontiguousarray(ds)
+
+
 def decode_wide_int(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Raw rows [N, row_bytes] of a Q5_0/Q5_1/Q5_K/Q8_0 tensor -> (q uint8 [N, K] in [0, 256),
     scale float32 [N, K/32], offset float32 [N, K/32]) with w = q * scale + offset."""
@@ -220,7 +248,7 @@ _TYPE_FATE = {
     QT.Q5_0: "int5 exact, or int8 + block scales beside Q8_0",
     QT.Q5_1: "int5 exact",
     QT.Q5_K: "int5 exact",
-    QT.Q6_K: "requantized to int8 per row (its scales span 16 inputs); the embedding table in its blocks, exact",
+    QT.Q6_K: "q6 exact (beside other types requantized to int8 per row); the embedding table in its blocks, exact",
 }
 
 

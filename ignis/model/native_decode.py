@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # The wide GEMMs decode.cpp calls, by PackedLinear.form (its `wide_kind` argument).
 _WIDE_KINDS = {"bf16": 0, "fp16": 1, "fp32": 2}
 # decode.cpp's NarrowKind, Act and Layout.
-_INT8, _INT4, _INT4_PAIR, _INT5, _Q8, _MX4 = 0, 1, 2, 3, 4, 5
+_INT8, _INT4, _INT4_PAIR, _INT5, _Q8, _MX4, _INT4_K, _INT5_K, _Q6 = 0, 1, 2, 3, 4, 5, 6, 7, 8
 _ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 _LAYOUTS = {"pre": 0, "sandwich": 1}
 _PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -73,7 +73,7 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
     """(the int4/int8 GEMM, the mixed form's wide GEMM for wider steps or None); (None, None)
     when the op is neither, or its wide GEMM is one the native op does not call."""
     from ignis.model.packed import (
-        Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, MixedLinear, Mx4Linear, Q8Linear,
+        Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, MixedLinear, Mx4Linear, Q6Linear, Q8Linear,
     )
 
     if isinstance(op, MixedLinear):
@@ -82,7 +82,7 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
         return _split(op.narrow)[0], op.wide
     if isinstance(op, Int4Linear) and not op.native:
         return None, None
-    if isinstance(op, Int4Linear | Int5Linear | Q8Linear | Int8Linear | Int4PairLinear | Mx4Linear):
+    if isinstance(op, Int4Linear | Int5Linear | Q6Linear | Q8Linear | Int8Linear | Int4PairLinear | Mx4Linear):
         return op, None
     return None, None
 
@@ -93,7 +93,7 @@ class NativeDecoder:
         down; a mixture's qkv, o, then each expert's gate_up and down); wide: the mixed
         form's kept copies of the dense projections, or empty."""
         from ignis.model.gguf_quant import GROUP
-        from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, Mx4Linear, Q8Linear
+        from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, Mx4Linear, Q6Linear, Q8Linear
 
         c = model.config
         self.model = model
@@ -109,10 +109,13 @@ class NativeDecoder:
         for g in gemms:
             if isinstance(g, Int4PairLinear):
                 self.kinds.append(_INT4_PAIR)
-                self.weights += [g.lo.nibbles, g.lo.scales_offsets, g.hi.nibbles, g.hi.scales_offsets]
-            elif isinstance(g, Int5Linear):
-                self.kinds.append(_INT5)
-                self.weights += [g.nibbles, g.fifth_bits, g.scales_offsets]
+                self.weights += [g.lo.nibbles, *g.lo.scales.tensors, g.hi.nibbles, *g.hi.scales.tensors]
+            elif isinstance(g, Int5Linear):  # (Q5_K alone: the file's scales, _INT5_K)
+                self.kinds.append(_INT5 if g.scales.pairs is not None else _INT5_K)
+                self.weights += [g.nibbles, g.fifth_bits, *g.scales.tensors]
+            elif isinstance(g, Q6Linear):
+                self.kinds.append(_Q6)
+                self.weights += [g.nibbles, g.high_bits, g.sixteens, g.supers]
             elif isinstance(g, Q8Linear):
                 self.kinds.append(_Q8)
                 self.weights += [g.q, g.d]
@@ -121,8 +124,8 @@ class NativeDecoder:
                 self.weights += [g.nibbles, g.exponents]
             elif isinstance(g, Int4Linear):
                 assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
-                self.kinds.append(_INT4)
-                self.weights += [g.nibbles, g.scales_offsets]
+                self.kinds.append(_INT4 if g.scales.pairs is not None else _INT4_K)
+                self.weights += [g.nibbles, *g.scales.tensors]
             else:
                 assert isinstance(g, Int8Linear)
                 self.kinds.append(_INT8)

@@ -10,10 +10,11 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
   Q8Linear     Q8_0 exactly (and Q5_0 / Q4_0 fused beside it): int8 values and the file's
                fp16 block scales, 1.06 bytes a weight; a large tied head multiplies by the
                embedding table's own.
+  Q6Linear     Q6_K exactly (its 6-bit values, int8 scales per 16 and d per 256), 0.83 bytes a weight.
   Int4PairLinear  5- to 8-bit blocks exactly as two int4 weights (q = 16 hi + lo), 1.5 bytes
                a weight: only Q8_0 fused beside blocks with offsets (Q4_K, Q5_K, ...).
-  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K,
-               whose scales span 16 inputs; F16/BF16/F32; and 4-bit blocks where the
+  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K
+               fused beside other block types; F16/BF16/F32; and 4-bit blocks where the
                native op cannot be built: requantized, a small loss).
   Bf16Linear / Fp16Linear / Fp32Linear   kept wide copies: oneDNN bf16, fbgemm fp16 weights
                with fp32 activations, oneDNN fp32.
@@ -56,7 +57,10 @@ from ignis.model.gguf_quant import (
     decode_mxfp4_nibbles,
     mxfp4_fits_q8,
     WIDE_INT_TYPES,
+    K_SCALE_TYPES,
     decode_int4,
+    decode_k_scales,
+    decode_q6_k,
     decode_q8,
     decode_q8_0,
     decode_wide_int,
@@ -171,13 +175,46 @@ def _unblocked(t: torch.Tensor, n0: int, n1: int, groups: int) -> torch.Tensor:
     return units[idx]
 
 
-def _nibbles_and_pairs(q: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """The nibble formats' shared part, _blocked: q's low four bits two a byte (element 2i of
-    a row low, 2i + 1 high) [N, K/2] and the fp32 (scale, offset) pairs [N, K/32, 2]."""
+class _Scales:
+    """A nibble format's (scale, offset) per 32 inputs, _blocked: fp32 pairs [N, K/32, 2], or
+    for Q4_K / Q5_K the file's own scales (quant_gemm.h's K types' scales): uint8 (sc, m)
+    [N, K/32, 2] and fp32 (d, -dmin) [N, K/256, 2] per super-block, scale = sc * d and
+    offset = m * -dmin, the same values exactly in 0.09 bytes a weight against 0.25."""
+
+    def __init__(self, scale: np.ndarray, offset: np.ndarray, k_scales: tuple[np.ndarray, np.ndarray] | None) -> None:
+        self.pairs = self.sm = self.ds = None
+        if k_scales is None:
+            self.pairs = torch.from_numpy(_blocked(np.stack((scale, offset), axis=-1).astype(np.float32)))
+        else:
+            self.sm, self.ds = (torch.from_numpy(_blocked(a)) for a in k_scales)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """What the native op takes, in order (decode.cpp's kInt4 / kInt4K tensors after the nibbles)."""
+        return [self.pairs] if self.pairs is not None else [self.sm, self.ds]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def gemm(self, x: torch.Tensor, nibbles: torch.Tensor, fifth: torch.Tensor | None, bits: int) -> torch.Tensor:
+        if self.pairs is not None:
+            return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), nibbles, fifth, self.pairs, bits)
+        return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), nibbles, fifth, self.sm, bits, self.ds)
+
+    def rows(self, n0: int, n1: int, groups: int) -> torch.Tensor:
+        """Rows [n0, n1)'s pairs in row order, [n, groups, 2] fp32."""
+        if self.pairs is not None:
+            return _unblocked(self.pairs, n0, n1, groups)
+        sm = _unblocked(self.sm, n0, n1, groups).float()
+        return sm * _unblocked(self.ds, n0, n1, groups // 8).repeat_interleave(8, dim=1)
+
+
+def _nibbles(q: np.ndarray) -> torch.Tensor:
+    """q's low four bits two a byte (element 2i of a row low, 2i + 1 high) [N, K/2], _blocked."""
     n, k = q.shape
     nibbles = ((q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)).astype(np.uint8).reshape(n, k // GROUP, 16)
-    pairs = np.stack((scale, offset), axis=-1).astype(np.float32)
-    return torch.from_numpy(_blocked(nibbles).reshape(n, k // 2)), torch.from_numpy(_blocked(pairs))
+    return torch.from_numpy(_blocked(nibbles).reshape(n, k // 2))
 
 
 def _low_bits_and_pairs(op: Int4Linear | Int5Linear, n0: int, n1: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,7 +222,7 @@ def _low_bits_and_pairs(op: Int4Linear | Int5Linear, n0: int, n1: int) -> tuple[
     the (scale, offset) pairs [n, G, 2]."""
     groups = op.in_features // GROUP
     b = _unblocked(op.nibbles, n0, n1, groups)
-    return torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, groups, GROUP), _unblocked(op.scales_offsets, n0, n1, groups)
+    return torch.stack((b & 15, b >> 4), dim=-1).view(n1 - n0, groups, GROUP), op.scales.rows(n0, n1, groups)
 
 
 class Int4Linear(PackedLinear):
@@ -202,10 +239,12 @@ class Int4Linear(PackedLinear):
     form = "int4"
 
     def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
-                 widen_to: torch.dtype = torch.bfloat16, native: bool | None = None) -> None:
+                 widen_to: torch.dtype = torch.bfloat16, native: bool | None = None,
+                 k_scales: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.in_features = q.shape[1]
-        self.nibbles, self.scales_offsets = _nibbles_and_pairs(q, scale, offset)
         self.native = cpu_native.load() if native is None else native
+        self.nibbles = _nibbles(q)
+        self.scales = _Scales(scale, offset, k_scales if self.native else None)
         self.packed: torch.Tensor | None = None
         self.torch_scales_zeros: torch.Tensor | None = None
         if not self.native:  # torch's op: int32 values in [0, 16), (q - 8) * s + z with [K/32, N, 2] bf16 (s, z)
@@ -215,14 +254,14 @@ class Int4Linear(PackedLinear):
             self.torch_scales_zeros = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
         self.widen_to = widen_to
         self.bias = bias
-        self.nbytes = self.nibbles.numel() + 4 * self.scales_offsets.numel() + (
-            0 if self.packed is None else self.packed.numel() + 2 * self.scales_offsets.numel())
+        self.nbytes = self.nibbles.numel() + self.scales.nbytes + (
+            0 if self.packed is None else self.packed.numel() + self.torch_scales_zeros.numel() * 2)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= WIDEN_ROWS:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
         if self.packed is None:
-            return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, None, self.scales_offsets, 4)
+            return self.scales.gemm(x, self.nibbles, None, 4)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP,
                                                           self.torch_scales_zeros).float()
 
@@ -243,22 +282,22 @@ class Int5Linear(PackedLinear):
     form = "int5"
 
     def __init__(self, q: np.ndarray, scale: np.ndarray, offset: np.ndarray, bias: torch.Tensor | None,
-                 widen_to: torch.dtype = torch.bfloat16) -> None:
+                 widen_to: torch.dtype = torch.bfloat16, k_scales: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         n, k = q.shape
         self.in_features = k
-        self.nibbles, self.scales_offsets = _nibbles_and_pairs(q, scale, offset)
+        self.nibbles, self.scales = _nibbles(q), _Scales(scale, offset, k_scales)
         fifth = ((q >> 4) & 1).astype(np.uint32).reshape(n, k // GROUP, GROUP)
         shifts = np.arange(16, dtype=np.uint32)
         words = (fifth[..., 0::2] << shifts).sum(axis=-1) | (fifth[..., 1::2] << (shifts + 16)).sum(axis=-1)
         self.fifth_bits = torch.from_numpy(_blocked(words.astype(np.uint32)).view(np.int32))
         self.widen_to = widen_to
         self.bias = bias
-        self.nbytes = self.nibbles.numel() + 4 * (self.fifth_bits.numel() + self.scales_offsets.numel())
+        self.nbytes = self.nibbles.numel() + 4 * self.fifth_bits.numel() + self.scales.nbytes
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= WIDEN_ROWS:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
-        return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, self.fifth_bits, self.scales_offsets, 5)
+        return self.scales.gemm(x, self.nibbles, self.fifth_bits, 5)
 
     def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Rows [n0, n1) of W as `dtype`: q * scale + offset in fp32, then rounded."""
@@ -268,6 +307,50 @@ class Int5Linear(PackedLinear):
         fifth = ((words >> bit) & 1).to(torch.uint8)  # [n, G, 32] in element order
         w = (low | (fifth << 4)).float() * so[..., :1] + so[..., 1:]
         return w.view(n1 - n0, self.in_features).to(dtype)
+
+
+class Q6Linear(PackedLinear):
+    """Q6_K exactly, 0.83 bytes a weight as in the file: w = d * sc * (q - 32), q in [0, 64),
+    an int8 scale sc per 16 inputs and an fp32 d per 256. Int4Linear's nibbles hold q's low
+    four bits; the high two go eight bytes a group (byte j: elements 2j, 2j + 1, 2j + 16,
+    2j + 17, two bits each), the scales [N, K/32, 2] and d [N, K/256] beside them, all
+    _blocked (kernels/cpu/quant_gemm.h's kQ6, multiplied into x as bytes like MXFP4, whose
+    bias + 32 comes back out per group). Widened and multiplied densely from WIDEN_ROWS rows."""
+
+    form = "q6"
+
+    def __init__(self, q: np.ndarray, sc: np.ndarray, d: np.ndarray, bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        n, k = q.shape
+        self.in_features = k
+        groups = k // GROUP
+        self.nibbles = _nibbles(q)
+        h = ((q >> 4) & 3).reshape(n, groups, GROUP)
+        high = h[..., 0:16:2] | (h[..., 1:16:2] << 2) | (h[..., 16:32:2] << 4) | (h[..., 17:32:2] << 6)
+        self.high_bits = torch.from_numpy(_blocked(high.astype(np.uint8)))
+        self.sixteens = torch.from_numpy(_blocked(np.ascontiguousarray(sc, dtype=np.int8).reshape(n, groups, 2)))
+        self.supers = torch.from_numpy(_blocked(np.ascontiguousarray(d, dtype=np.float32).reshape(n, groups // 8)))
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = self.nibbles.numel() + self.high_bits.numel() + self.sixteens.numel() + 4 * self.supers.numel()
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
+        return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, self.high_bits, self.sixteens, 6, self.supers)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype`: (d * sc) * (q - 32) in fp32 (exact: 23 bits), then rounded."""
+        n, groups = n1 - n0, self.in_features // GROUP
+        b = _unblocked(self.nibbles, n0, n1, groups)
+        low = torch.stack((b & 15, b >> 4), dim=-1).view(n, groups, GROUP)
+        hb = _unblocked(self.high_bits, n0, n1, groups)  # [n, G, 8]
+        pairs = torch.stack([(hb >> s) & 3 for s in (0, 2, 4, 6)], dim=-1)  # [n, G, 8, 4]: 2j, 2j + 1, 2j + 16, 2j + 17
+        high = torch.cat((pairs[..., 0:2].reshape(n, groups, 16), pairs[..., 2:4].reshape(n, groups, 16)), dim=-1)
+        q = (low | (high << 4)).float() - 32
+        sc = _unblocked(self.sixteens, n0, n1, groups).float().repeat_interleave(16, dim=-1)  # [n, G, 32]
+        d = _unblocked(self.supers, n0, n1, groups // 8).view(n, groups // 8, 1).repeat_interleave(8, dim=1)
+        return ((d * sc) * q).view(n, self.in_features).to(dtype)
 
 
 class Q8Linear(PackedLinear):
@@ -580,7 +663,8 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight): the narrowest
     form that holds every part's values exactly (MXFP4 0.53 bytes a weight, int4 0.75, int5
     0.875, q8 1.06 for Q8_0 (and MXFP4 beside it), int4 pairs 1.5 for Q8_0 beside other
-    blocks), else int8 requantized per row (Q6_K, float types: 1 byte, not the file's values)."""
+    blocks), q6 0.83 for Q6_K alone, else int8 requantized per row (Q6_K beside other types,
+    float types: 1 byte, not the file's values)."""
     if plan.form == "mixed":
         narrow = _build_linear(parts, None, replace(plan, form="quantized"))
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
@@ -589,11 +673,13 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     cols = parts[0].shape[-1]
     types = {p.qtype for p in parts}
     torch_int4 = rows % 16 == 0  # what torch's int4 packing takes, where the native op is not built
+    # Q4_K / Q5_K alone keep the file's six-bit scales (the native op's; torch's int4 takes pairs)
+    k_scales = tuple(_stacked(parts, decode_k_scales)) if types <= K_SCALE_TYPES and cols % 256 == 0 else None
     if plan.form == "quantized" and plan.int4 and types <= INT4_TYPES and (torch_int4 or cpu_native.load()):
-        return Int4Linear(*_stacked(parts, decode_int4), bias, widen_to)
+        return Int4Linear(*_stacked(parts, decode_int4), bias, widen_to, k_scales=k_scales)
     native = plan.form == "quantized" and plan.int4 and cpu_native.load()
     if native and types <= INT4_TYPES | INT5_TYPES:
-        return Int5Linear(*_stacked(parts, _decode_int), bias, widen_to)
+        return Int5Linear(*_stacked(parts, _decode_int), bias, widen_to, k_scales=k_scales)
     if native and types == {QT.MXFP4}:
         return Mx4Linear(*_stacked(parts, lambda raw, _, c: decode_mxfp4_nibbles(raw, c)), bias, widen_to)
     if native and types <= Q8_TYPES and all(p.qtype != QT.MXFP4 or mxfp4_fits_q8(p.data, cols) for p in parts):
@@ -601,6 +687,8 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
         return Q8Linear(torch.from_numpy(q), torch.from_numpy(d), bias, widen_to)
     if native and types <= INT4_TYPES | WIDE_INT_TYPES:
         return Int4PairLinear(*_stacked(parts, _decode_int), bias, widen_to)
+    if native and types == {QT.Q6_K}:
+        return Q6Linear(*_stacked(parts, decode_q6_k), bias, widen_to)
     if plan.form == "quantized":
         return Int8Linear(_dense(parts), bias, widen_to)
     return wide_linear(_dense(parts), plan.wide, bias)

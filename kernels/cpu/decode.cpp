@@ -129,10 +129,14 @@ at::Tensor as_bf16(const at::Tensor& x) {
 // Per projection, the kind of its narrow GEMM (the `kinds` argument); a file mixes them
 // (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0 beside Q4_K; gpt-oss's
 // experts MXFP4 beside Q8_0 attention).
-enum NarrowKind : int64_t { kInt8 = 0, kInt4 = 1, kInt4Pair = 2, kInt5 = 3, kQ8 = 4, kMx4 = 5 };
+enum NarrowKind : int64_t {
+  kInt8 = 0, kInt4 = 1, kInt4Pair = 2, kInt5 = 3, kQ8 = 4, kMx4 = 5, kInt4K = 6, kInt5K = 7, kQ6 = 8
+};
 
 // How many tensors of `narrow` each kind takes.
-inline int64_t tensors_of(int64_t kind) { return kind == kInt4Pair ? 4 : kind == kInt5 ? 3 : 2; }
+inline int64_t tensors_of(int64_t kind) {
+  return kind == kInt4Pair || kind == kInt5K || kind == kQ6 ? 4 : kind == kInt5 || kind == kInt4K ? 3 : 2;
+}
 
 // The step's GEMMs: y [T, N] = x [T, K] @ W^T, x fp32. `narrow`, per projection in order
 // (quant_gemm.h's layouts; fp32 in and out): int4 (nibbles [N, K/2], (scale, offset)
@@ -140,7 +144,10 @@ inline int64_t tensors_of(int64_t kind) { return kind == kInt4Pair ? 4 : kind ==
 // q8 (int8 values [N, K], fp16 scales [N, K/32]), an int4 pair (four: the low then the high
 // nibbles' int4 weights, whose sum is the block weight exactly: packed.py's Int4PairLinear)
 // torch's int8 weight-only GEMM (two: w [N, K] int8, s [N] row scales; bf16 in and out) or
-// MXFP4 (e2m1 nibbles [N, K/2], e8m0 exponents [N, K/32] uint8).
+// MXFP4 (e2m1 nibbles [N, K/2], e8m0 exponents [N, K/32] uint8). int4 and int5 from Q4_K /
+// Q5_K hold the file's scales in place of the pairs (kInt4K, kInt5K: uint8 (sc, m)
+// [N, K/32, 2] and fp32 (d, -dmin) [N, K/256, 2], the pairs' values exactly). Q6_K (kQ6, four:
+// nibbles, high bits [N, K/32, 8], int8 scales [N, K/32, 2], fp32 d [N, K/256]).
 // Projections are numbered across the layers: a dense layer has four (qkv, o, gate_up,
 // down), a mixture's 2 + 2E (qkv, o, then each expert's gate_up and down).
 // `wide`, per dense projection (qkv and o only, in a mixture's layer: its experts have no
@@ -157,7 +164,7 @@ struct Gemms {
       : narrow(narrow_), wide(wide_), kinds(kinds_), use_wide(use_wide_), wide_kind(wide_kind_) {
     int64_t i = 0;
     for (const int64_t k : kinds) {
-      TORCH_CHECK(k >= kInt8 && k <= kMx4, "decode_layers: unknown GEMM kind ", k);
+      TORCH_CHECK(k >= kInt8 && k <= kQ6, "decode_layers: unknown GEMM kind ", k);
       first.push_back(i);
       i += tensors_of(k);
     }
@@ -195,7 +202,7 @@ struct Gemms {
     return y;
   }
 
-  // quant_gemm.h's view of the tensors of `narrow` from i (kind kInt4, kInt4Pair, kInt5, kQ8, kMx4).
+  // quant_gemm.h's view of the tensors of `narrow` from i (any kind but kInt8).
   qgemm::Weights weights(int64_t i, int64_t kind, int64_t n, int64_t k) const {
     if (kind == kMx4)
       return {qgemm::kMX4, narrow[i].data_ptr<uint8_t>(), nullptr, nullptr, nullptr, narrow[i + 1].data_ptr<uint8_t>(), n, k};
@@ -205,6 +212,17 @@ struct Gemms {
     if (kind == kInt5)
       return {qgemm::kQ5, narrow[i].data_ptr<uint8_t>(), reinterpret_cast<const uint32_t*>(narrow[i + 1].data_ptr()),
               narrow[i + 2].data_ptr<float>(), nullptr, nullptr, n, k};
+    if (kind == kInt5K)
+      return {qgemm::kQ5, narrow[i].data_ptr<uint8_t>(), reinterpret_cast<const uint32_t*>(narrow[i + 1].data_ptr()),
+              nullptr, nullptr, nullptr, n, k, narrow[i + 2].data_ptr<uint8_t>(), narrow[i + 3].data_ptr<float>()};
+    if (kind == kQ6) {
+      qgemm::Weights w{qgemm::kQ6, narrow[i].data_ptr<uint8_t>(), nullptr, nullptr, nullptr, nullptr, n, k};
+      w.hb = narrow[i + 1].data_ptr<uint8_t>(), w.sc = narrow[i + 2].data_ptr<int8_t>(), w.ds = narrow[i + 3].data_ptr<float>();
+      return w;
+    }
+    if (kind == kInt4K)
+      return {qgemm::kQ4, narrow[i].data_ptr<uint8_t>(), nullptr, nullptr, nullptr, nullptr, n, k,
+              narrow[i + 1].data_ptr<uint8_t>(), narrow[i + 2].data_ptr<float>()};
     return {qgemm::kQ4, narrow[i].data_ptr<uint8_t>(), nullptr, narrow[i + 1].data_ptr<float>(), nullptr, nullptr, n, k};
   }
 };
@@ -1055,16 +1073,41 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 // over `q` with `qh` (bits 5 only) and `scales` ((s, o) pairs fp32 [N, K/32, 2] for bits 4
 // and 5; fp16 [N, K/32] for bits 8).
 at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::optional<at::Tensor>& qh,
-                         const at::Tensor& scales, int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "quant_gemm: bits must be 4, 5 or 8");
+                         const at::Tensor& scales, int64_t bits, const std::optional<at::Tensor>& supers) {
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "quant_gemm: bits must be 4, 5, 6 or 8");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % qgemm::kGroup == 0,
               "quant_gemm: x must be contiguous fp32 [T, K], K a multiple of 32");
   const int64_t K = x.size(1), G = K / qgemm::kGroup, N = q.size(0);
   TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.element_size() == 1 && q.size(1) == (bits == 8 ? K : K / 2),
               "quant_gemm: values must be contiguous bytes [N, K] (bits 8) or [N, K/2] (nibbles)");
-  // bits 4 with uint8 scales: MXFP4 (e2m1 nibbles, one e8m0 exponent per 32 inputs)
-  const bool mx4 = bits == 4 && scales.scalar_type() == at::kByte;
-  if (bits == 8) {
+  // bits 4 with uint8 scales: MXFP4 (e2m1 nibbles, one e8m0 exponent per 32 inputs); with
+  // `supers`, the K types' scales (uint8 (sc, m) [N, K/32, 2], fp32 (d, -dmin) [N, K/256, 2])
+  const bool k_scales = supers.has_value();
+  const bool mx4 = bits == 4 && scales.scalar_type() == at::kByte && !k_scales;
+  if (bits == 6) {  // Q6_K: nibbles, high bits (qh) [N, K/32, 8], int8 scales [N, K/32, 2], supers d [N, K/256]
+    TORCH_CHECK(K % (8 * qgemm::kGroup) == 0 && qh && qh->dim() == 3 && qh->scalar_type() == at::kByte &&
+                    qh->is_contiguous() && qh->size(0) == N && qh->size(1) == G && qh->size(2) == 8,
+                "quant_gemm: bits 6 takes the high bits uint8 [N, K/32, 8], K a multiple of 256");
+    TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == at::kChar && scales.is_contiguous() && scales.size(0) == N &&
+                    scales.size(1) == G && scales.size(2) == 2,
+                "quant_gemm: bits 6 takes int8 scales per 16 inputs [N, K/32, 2]");
+    TORCH_CHECK(k_scales && supers->dim() == 2 && supers->scalar_type() == at::kFloat && supers->is_contiguous() &&
+                    supers->size(0) == N && supers->size(1) == G / 8,
+                "quant_gemm: bits 6 takes fp32 super-block scales d [N, K/256]");
+    at::Tensor y = at::empty({x.size(0), N}, x.options());
+    qgemm::Weights w{qgemm::kQ6, q.data_ptr<uint8_t>(), nullptr, nullptr, nullptr, nullptr, N, K};
+    w.ds = supers->data_ptr<float>(), w.hb = qh->data_ptr<uint8_t>(), w.sc = scales.data_ptr<int8_t>();
+    qgemm::gemm(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
+    return y;
+  }
+  if (k_scales) {
+    TORCH_CHECK(bits != 8 && K % (8 * qgemm::kGroup) == 0 && scales.dim() == 3 && scales.scalar_type() == at::kByte &&
+                    scales.is_contiguous() && scales.size(0) == N && scales.size(1) == G && scales.size(2) == 2,
+                "quant_gemm: the K types' scales are uint8 (sc, m) [N, K/32, 2], K a multiple of 256, bits 4 or 5");
+    TORCH_CHECK(supers->dim() == 3 && supers->scalar_type() == at::kFloat && supers->is_contiguous() &&
+                    supers->size(0) == N && supers->size(1) == G / 8 && supers->size(2) == 2,
+                "quant_gemm: the K types' super-block scales are fp32 (d, -dmin) [N, K/256, 2]");
+  } else if (bits == 8) {
     TORCH_CHECK(scales.dim() == 2 && scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.size(0) == N &&
                     scales.size(1) == G,
                 "quant_gemm: bits 8 takes fp16 scales [N, K/32]");
@@ -1083,9 +1126,10 @@ at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::op
   at::Tensor y = at::empty({x.size(0), N}, x.options());
   const qgemm::Weights w{mx4 ? qgemm::kMX4 : qgemm::Format(bits), reinterpret_cast<const uint8_t*>(q.data_ptr()),
                          qh ? reinterpret_cast<const uint32_t*>(qh->data_ptr()) : nullptr,
-                         bits == 8 || mx4 ? nullptr : scales.data_ptr<float>(),
+                         bits == 8 || mx4 || k_scales ? nullptr : scales.data_ptr<float>(),
                          bits == 8 ? reinterpret_cast<const uint16_t*>(scales.data_ptr()) : nullptr,
-                         mx4 ? scales.data_ptr<uint8_t>() : nullptr, N, K};
+                         mx4 ? scales.data_ptr<uint8_t>() : nullptr, N, K,
+                         k_scales ? scales.data_ptr<uint8_t>() : nullptr, k_scales ? supers->data_ptr<float>() : nullptr};
   qgemm::gemm(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
   return y;
 }
@@ -1099,7 +1143,8 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
       "float scale, int window, Tensor? sinks=None) -> Tensor",
       TORCH_FN(paged_decode_attention));
-  m.def("quant_gemm(Tensor x, Tensor q, Tensor? qh, Tensor scales, int bits) -> Tensor", TORCH_FN(quant_gemm_op));
+  m.def("quant_gemm(Tensor x, Tensor q, Tensor? qh, Tensor scales, int bits, Tensor? supers=None) -> Tensor",
+        TORCH_FN(quant_gemm_op));
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor cos_local, Tensor sin_local, Tensor slots, "
       "Tensor block_tables, Tensor seq_lens, Tensor[] k_caches, Tensor[] v_caches, Tensor[] norms, Tensor[] weights, "

@@ -12,6 +12,14 @@
 //   kQ8  W[n, k] = q * d[n, g], q int8 (Q8_0's blocks split into values and scales):
 //        q: [N, K] int8 in order, d: [N, K/32] fp16. An embedding table of Q8_0 is exactly
 //        this, so a tied head multiplies by the lookup table itself.
+//        or, for Q4_K / Q5_K (the file's own scales, 0.59 bytes a weight for 4 bits against
+//        0.75): sm [N, K/32, 2] uint8 (sc, m) and ds [N, K/256, 2] fp32 (d, -dmin) per
+//        super-block of eight groups, s = sc * d and o = m * -dmin: exactly so's values
+//   kQ6  W[n, k] = d[n, k / 256] * sc[n, k / 16] * (q - 32), q in [0, 64) (Q6_K exactly, 0.83
+//        bytes a weight as the file's): kQ4's nibbles hold q's low four bits, hb [N, K/32, 8]
+//        uint8 the high two (byte i of a group's eight: bits 0-1 element 2i's, 2-3 element
+//        2i + 1's, 4-5 and 6-7 those of elements 2i + 16 and 2i + 17), sc [N, K/32, 2] int8
+//        (each 16's scale) and d [N, K/256] fp32 per super-block (the ds layout)
 //   kMX4 W[n, k] = e2m1(q) * 2^(e[n, g] - 127) (MXFP4: gpt-oss's experts): kQ4's nibbles,
 //        each an e2m1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; bit 3 the sign),
 //        and e: [N, K/32] uint8 exponents (e8m0), laid out as kQ4's pairs: 0.53 bytes a weight.
@@ -27,7 +35,10 @@
 // bytes to fp32. AVX2+FMA and portable bodies beside.
 //
 // AVX2 has no such lookup, and widening values to fp32 (convert, scale, FMA) costs three
-// floating-point operations per eight weights. There x is also held as int16 per group of 32,
+// floating-point operations per eight weights. There the nibble formats multiply their
+// values as unsigned bytes into x's bytes (nibbles_avx2, below: 1.6x the int16 body for
+// int4 on a Zen 3, a 1B model's decode step 63.5 -> 38.6 ms), as kQ6 does on every AVX2
+// CPU. kQ8 holds x as int16 per group of 32,
 // scaled by a power of two (x = xq * 2^e, |xq| < 2^15: a relative error under 2^-15 of the
 // group's largest |x|, some 250x finer than bf16's), the values are multiplied into it with
 // integer multiply-adds (16 products an instruction, exact in int32), and each group's sum
@@ -40,7 +51,7 @@
 // lane. x is the int16 above at 14 bits (|xq| <= 2^14: within 2^-15 of the group's largest
 // |x|) split exactly into two signed bytes, xq = 256 h + l (two products per weight, none of
 // x's precision lost to bytes); the + 12 comes back out as -12 * sum(xq), once per group and
-// call. AVX2 runs the same arithmetic with vpmaddubsw + vpmaddwd (mx4_avx2: 1.9x the int16
+// call. AVX2 runs the same arithmetic with vpmaddubsw + vpmaddwd (nibbles_avx2: 1.9x the int16
 // body it replaced on a Zen 3), bit for bit the VNNI body's outputs; both are checked on any
 // x86 machine, the VNNI one through SIMDe (tests/kernels/qgemm_emulated.cpp). One load holds a group of four rows (the blocks of eight, below), and
 // the int32 sums (exact) are scaled once per group by the row's 2^e times x's power.
@@ -82,7 +93,7 @@ namespace qgemm {
 
 constexpr int64_t kGroup = 32;
 
-enum Format : int64_t { kQ4 = 4, kQ5 = 5, kQ8 = 8, kMX4 = 40 };
+enum Format : int64_t { kQ4 = 4, kQ5 = 5, kQ6 = 6, kQ8 = 8, kMX4 = 40 };
 
 struct Weights {
   Format format;
@@ -92,6 +103,31 @@ struct Weights {
   const uint16_t* d;   // kQ8: fp16 scales [N, K/32]
   const uint8_t* e;    // kMX4: e8m0 exponents [N, K/32]
   int64_t N, K;
+  const uint8_t* sm = nullptr;  // kQ4/kQ5 with the K types' scales (so null): (sc, m) [N, K/32, 2]
+  const float* ds = nullptr;    // and their super-blocks' (d, -dmin) [N, K/256, 2]; kQ6: d [N, K/256]
+  const uint8_t* hb = nullptr;  // kQ6: the high two bits [N, K/32, 8]
+  const int8_t* sc = nullptr;   // kQ6: each 16's scale [N, K/32, 2]
+
+  // kQ6: row n's element k as q - 32 (in [-32, 32)) and its sixteen's scale d * sc.
+  int q6(int64_t n, int64_t k) const {
+    const int64_t u = unit(n, k / kGroup), i = (k % kGroup) / 2, j = i % 8, shift = 2 * (k % 2) + 4 * (i / 8);
+    const uint8_t byte = q[16 * u + i];
+    return ((k % 2 ? byte >> 4 : byte & 15) | (((hb[8 * u + j] >> shift) & 3) << 4)) - 32;
+  }
+  float q6_scale(int64_t n, int64_t k) const {
+    return float(sc[2 * unit(n, k / kGroup) + (k % kGroup) / 16]) * ds[super(n, k / (8 * kGroup))];
+  }
+
+  // Row n's group g's (scale, offset), from so or from the K types' scales (the same values).
+  void scale_offset(int64_t n, int64_t g, float& s, float& o) const {
+    const int64_t u = unit(n, g);
+    if (!sm) {
+      s = so[2 * u], o = so[2 * u + 1];
+      return;
+    }
+    const int64_t v = super(n, g / 8);
+    s = float(sm[2 * u]) * ds[2 * v], o = float(sm[2 * u + 1]) * ds[2 * v + 1];
+  }
 
   // kQ4/kQ5/kMX4: where row n's group g is, in units of a group's 16 nibble bytes, (s, o)
   // pair, fifth-bit word or exponent byte. Rows go in blocks of eight, group-major within a block (block b's group
@@ -101,6 +137,11 @@ struct Weights {
   int64_t unit(int64_t n, int64_t g) const {
     const int64_t G = K / kGroup, N8 = N & ~int64_t(7);
     return n < N8 ? ((n >> 3) * G + g) * 8 + (n & 7) : n * G + g;
+  }
+  // The same layout over super-blocks of eight groups (ds).
+  int64_t super(int64_t n, int64_t j) const {
+    const int64_t S = K / (8 * kGroup), N8 = N & ~int64_t(7);
+    return n < N8 ? ((n >> 3) * S + j) * 8 + (n & 7) : n * S + j;
   }
 };
 
@@ -129,34 +170,38 @@ inline float half_to_float(uint16_t h) {
 #define IGNIS_QGEMM_INT16_X 1
 #endif
 
-// Whether a format reads x as int16 (below): kQ8 wherever AVX2 is, kQ4/kQ5 on AVX2 without
-// AVX-512 (AVX-512 looks their weights up as fp32 instead).
+// Whether a format reads x as int16 (below): kQ8 wherever AVX2 is (AVX-512 looks the nibble
+// formats' weights up as fp32; AVX2 multiplies them into x's bytes: byte_x).
 constexpr bool int16_x(Format f) {
-#if IGNIS_QGEMM_AVX512
+#if IGNIS_QGEMM_INT16_X || IGNIS_QGEMM_AVX512
   return f == kQ8;
-#elif IGNIS_QGEMM_INT16_X
-  return true;
 #else
   return false;
 #endif
 }
 
-// Whether a format reads x as bytes (kMX4 with AVX512-VNNI, or on AVX2: above, and mx4_avx2).
+// Whether a format reads x as bytes: kMX4 with AVX512-VNNI (above), every nibble format on
+// AVX2 without AVX-512, and kQ6 wherever AVX2 is (nibbles_avx2).
 constexpr bool byte_x(Format f) {
-#if IGNIS_QGEMM_MX4_VNNI || (!IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X)
+#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X
+  return f != kQ8;
+#elif IGNIS_QGEMM_INT16_X
+  return f == kQ6 || (IGNIS_QGEMM_MX4_VNNI && f == kMX4);
+#elif IGNIS_QGEMM_MX4_VNNI
   return f == kMX4;
 #else
   return false;
 #endif
 }
 
-// x as the format reads it. kQ4/kQ5 ("interleaved"): xe [T, K/2] (x[2i]), xo [T, K/2]
+// x as the format reads it. kQ4/kQ5/kQ6/kMX4 ("interleaved"): xe [T, K/2] (x[2i]), xo [T, K/2]
 // (x[2i+1]), xs [T, G] (group sums, from fp32 x); kQ8: x itself. As int16 (int16_x): per
 // group, xq [T, K] (interleaved: the 16 even then the 16 odd elements; kQ8: in order) and
 // the power of two that scales them, xp [T, G], in place of xe, xo and x. As bytes (byte_x):
 // per group 64 int8, the 16 even elements' l, the 16 odd ones' l, then their h (xq = 256 h
-// + l, 14-bit xq), xc [T, G, 4] int32: -12 times each 4-lane's sum of xq (lane j: elements 2i
-// and 2i + 1, i in [4j, 4j + 4)), and xp halved (the weights come doubled).
+// + l, 14-bit xq), and xp; kMX4 adds xc [T, G, 4] int32: -12 times each 4-lane's sum of xq
+// (lane j: elements 2i and 2i + 1, i in [4j, 4j + 4)), with xp halved (its weights come
+// doubled); kQ4/kQ5 keep xs (their offsets' term).
 struct Split {
   std::vector<float> xe, xo, xs;
   const float* xn = nullptr;
@@ -166,28 +211,35 @@ struct Split {
   std::vector<float> xp;
   int64_t T, K, K2, G;
 
-  Split(const float* x, int64_t T_, int64_t K_, bool interleaved, bool int16, bool bytes = false)
-      : T(T_), K(K_), K2(K_ / 2), G(K_ / kGroup) {
-    if (bytes) {
+  Split(const float* x, int64_t T_, int64_t K_, Format f) : T(T_), K(K_), K2(K_ / 2), G(K_ / kGroup) {
+    const bool interleaved = f != kQ8, int16 = int16_x(f), mx4 = f == kMX4, biased = mx4 || f == kQ6;
+    if (byte_x(f)) {
       x8.resize(T * G * 64);
-      xc.resize(T * G * 4);
+      if (biased) xc.resize(T * G * 4);
+      else xs.resize(T * G);
       xp.resize(T * G);
       int16_t v[kGroup];
       for (int64_t t = 0; t < T; ++t)
         for (int64_t g = 0; g < G; ++g) {
           const int64_t tg = t * G + g;
           to_int16(x + t * K + g * kGroup, true, v, &xp[tg], 14);
-          xp[tg] *= 0.5f;
           int8_t* b = x8.data() + tg * 64;
           for (int i = 0; i < kGroup; ++i) {  // i < 16: even elements, else odd (interleaved)
             const int h = (v[i] + 128) >> 8;   // |v| <= 2^14: h in [-64, 64], l in [-128, 128)
             b[i] = int8_t(v[i] - 256 * h);
             b[32 + i] = int8_t(h);
           }
-          for (int j = 0; j < 4; ++j) {
+          if (!biased) {
+            float sum = 0.0f;
+            for (int64_t k = 0; k < kGroup; ++k) sum += x[t * K + g * kGroup + k];
+            xs[tg] = sum;
+            continue;
+          }
+          if (mx4) xp[tg] *= 0.5f;
+          for (int j = 0; j < 4; ++j) {  // the weights' bias (kMX4: + 12, kQ6: + 32) taken back out
             int32_t sum = 0;
             for (int i = 4 * j; i < 4 * j + 4; ++i) sum += v[i] + v[16 + i];
-            xc[tg * 4 + j] = -12 * sum;
+            xc[tg * 4 + j] = (mx4 ? -12 : -32) * sum;
           }
         }
       return;
@@ -408,12 +460,14 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
           lo = _mm512_permutexvar_ps(b, table);  // vpermps reads an index's low four bits: no mask
           hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
         } else if constexpr (F == kQ4) {
-          const float* so = w.so + 2 * w.unit(n, g);
+          float so[2];
+          w.scale_offset(n, g, so[0], so[1]);
           const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(so[0]), _mm512_set1_ps(so[1]));
           lo = _mm512_permutexvar_ps(b, table);  // vpermps reads an index's low four bits: no mask
           hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
         } else {
-          const float* so = w.so + 2 * w.unit(n, g);
+          float so[2];
+          w.scale_offset(n, g, so[0], so[1]);
           const __m512 s = _mm512_set1_ps(so[0]), off = _mm512_set1_ps(so[1]);
           const __m512 table = _mm512_fmadd_ps(iota, s, off);
           const uint32_t bits = w.qh[w.unit(n, g)];
@@ -437,40 +491,25 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     for (int t = 0; t < TB; ++t) {
       const float* xs = x.xs.data() + (t0 + t) * G;
       float z = 0.0f;
-      for (int64_t g = 0; g < G; ++g) z += w.so[2 * w.unit(n, g) + 1] * xs[g];
+      for (int64_t g = 0; g < G; ++g) {
+        float sc, o;
+        w.scale_offset(n, g, sc, o);
+        z += o * xs[g];
+      }
       zero[0][t] = z;
     }
   }
 #endif
-#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X  // (int16_x(F): every format here)
+#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X  // (kQ8 only: the nibble formats are nibbles_avx2's)
+  static_assert(F == kQ8, "the nibble formats go through nibbles_avx2 on AVX2");
   __m256 acc[2][TB];
   for (int t = 0; t < TB; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi16(15), sixteen = _mm256_set1_epi16(16);
-  const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                        int16_t(-32768));
   const auto step = [&](int64_t g, __m256 (&c)[TB]) __attribute__((always_inline)) {
-    __m256i lo, hi;  // the group's 32 weights as int16, in the order of x's int16 (Split)
-    float scale;
-    if constexpr (F == kQ8) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + n * K + kGroup * g;
-      lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-      hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
-      scale = half_to_float(w.d[n * G + g]);
-    } else {
-      const uint8_t* q = w.q + 16 * w.unit(n, g);
-      // 16 bytes, one a 16-bit lane: the low nibbles are the even elements, the high the odd
-      const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-      lo = _mm256_and_si256(b, low);
-      hi = _mm256_srli_epi16(b, 4);
-      if constexpr (F == kQ5) {  // each lane's fifth bit, from its bit of the group's word: + 16
-        const uint32_t bits = w.qh[w.unit(n, g)];
-        const __m256i bl = _mm256_and_si256(_mm256_set1_epi16(int16_t(bits & 0xFFFF)), bit);
-        const __m256i bh = _mm256_and_si256(_mm256_set1_epi16(int16_t(bits >> 16)), bit);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(bl, bit), sixteen));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(bh, bit), sixteen));
-      }
-      scale = w.so[2 * w.unit(n, g)];
-    }
+    // the group's 32 weights as int16, against x's 32 int16 (Split)
+    const int8_t* q = reinterpret_cast<const int8_t*>(w.q) + n * K + kGroup * g;
+    const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+    const float scale = half_to_float(w.d[n * G + g]);
     for (int t = 0; t < TB; ++t) {
       const int16_t* xq = x.xq.data() + (t0 + t) * K + g * kGroup;
       const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
@@ -514,8 +553,16 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
           wl[i] = kE2M1[q[i] & 15] * s;
           wh[i] = kE2M1[q[i] >> 4] * s;
         }
+      } else if constexpr (F == kQ6) {
+        for (int i = 0; i < 16; ++i) {  // elements 2i and 2i + 1 share their sixteen's scale
+          const int64_t k = kGroup * g + 2 * i;
+          const float s = w.q6_scale(n, k);
+          wl[i] = float(w.q6(n, k)) * s;
+          wh[i] = float(w.q6(n, k + 1)) * s;
+        }
       } else {
-        const float s = w.so[2 * w.unit(n, g)];
+        float s, o;
+        w.scale_offset(n, g, s, o);
         const uint32_t bits = F == kQ5 ? w.qh[w.unit(n, g)] : 0;
         for (int i = 0; i < 16; ++i) {
           wl[i] = float((q[i] & 15) | (((bits >> i) & 1) << 4)) * s;
@@ -539,62 +586,141 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     for (int t = 0; t < TB; ++t) y[(t0 + t) * w.N + n0 + r] = dot[r][t] + zero[r][t];
 }
 
-#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X
-// kMX4 on AVX2: the VNNI body's arithmetic without VNNI. The weights, 2 e2m1 + 12 by a byte
-// shuffle, two rows a register (a 128-bit half each: the blocks of eight's group g is 128
-// bytes in a row), multiplied into x's bytes by vpmaddubsw (pairs, in int16: at most 2 * 24
-// * 128, no saturation) and summed to int32 by vpmaddwd (by 1 for l, 256 for h): the same
-// four-lane sums as vpdpbusd, so every output is the VNNI body's, bit for bit. NB = 8 (a
-// block of eight) or 1 (a tail row, in the low half).
-template <int NB, int TB>
-inline void mx4_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t0, float* y) {
+#if IGNIS_QGEMM_INT16_X
+// The nibble formats on AVX2, two weight rows a register (a 128-bit half each: a block of
+// eight's group g is 128 bytes in a row), as unsigned bytes multiplied into x's bytes by
+// vpmaddubsw (pairs, in int16: at most 2 * 31 * 128, no saturation) and summed to int32 by
+// vpmaddwd (by 1 for l, 256 for h): four int32 lanes a row, scaled once per group. kMX4: the
+// weights 2 e2m1 + 12 by a byte shuffle, the + 12 taken back out through xc: the VNNI body's
+// four-lane sums (vpdpbusd's), so its outputs bit for bit (1.9x the int16 body it replaced on
+// a Zen 3). kQ4/kQ5: the nibbles (and fifth bits) as they are, scaled by s, plus o * sum(x)
+// per group, one FMA chain per row (a lane of eight rows', or a scalar one: the same sums).
+// NB = 8 (a block of eight) or 1 (a tail row, in the low half).
+template <Format F, int NB, int TB>
+inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t0, float* y) {
   static_assert(NB == 8 || NB == 1, "a block of eight rows, or one");
   constexpr int P = NB == 8 ? 4 : 1;
   const int64_t G = x.G;
   const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m256i nib = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1), high = _mm256_set1_epi16(256);
+  // kQ5: byte i of a half takes bit i % 8 of its word's byte i / 8 (the low word's for even
+  // elements, the high word's, bytes 2 and 3, for odd ones)
+  const __m256i bitmask = _mm256_set1_epi64x(0x8040201008040201ll), sixteen = _mm256_set1_epi8(16);
+  const __m256i even_bytes = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+                                              1, 1, 1, 1, 1, 1, 1, 1);
+  const __m256i odd_bytes = _mm256_add_epi8(even_bytes, _mm256_set1_epi8(2));
   const __m256 tiny = _mm256_set1_ps(e8m0_to_float(0));
   const auto wide = [](const void* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-  __m256 acc[P][TB];
-  for (int p = 0; p < P; ++p)
-    for (int t = 0; t < TB; ++t) acc[p][t] = _mm256_setzero_ps();
+  __m256 acc[P][TB], zero8[TB];  // zero8: NB = 8's o * sum(x), row r in lane r
+  float zero1[TB];               // NB = 1's
+  for (int t = 0; t < TB; ++t) {
+    zero8[t] = _mm256_setzero_ps();
+    zero1[t] = 0.0f;
+    for (int p = 0; p < P; ++p) acc[p][t] = _mm256_setzero_ps();
+  }
+  __m256 d, dmin;  // the K types' scales: the eight rows' super-block (d, -dmin), from each eighth group
   for (int64_t g = 0; g < G; ++g) {
     const int64_t u = w.unit(n0, g);
-    __m256 ws;  // NB = 8: row r's 2^(e - 127) in lane r; NB = 1: the row's in every lane
-    if constexpr (NB == 8) {
-      int64_t bytes;
-      std::memcpy(&bytes, w.e + u, 8);
-      const __m256i ei = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
-      ws = _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_slli_epi32(ei, 23)), tiny,
-                            _mm256_castsi256_ps(_mm256_cmpeq_epi32(ei, _mm256_setzero_si256())));
+    __m256 ws;  // NB = 8: row r's scale in lane r; NB = 1: the row's in every lane (kQ6: its super-block's d)
+    if constexpr (F == kQ6) {
+      if (g % 8 == 0) d = NB == 8 ? _mm256_loadu_ps(w.ds + w.super(n0, g / 8)) : _mm256_set1_ps(w.ds[w.super(n0, g / 8)]);
+      ws = d;
+    } else if constexpr (F == kMX4) {
+      if constexpr (NB == 8) {
+        int64_t bytes;
+        std::memcpy(&bytes, w.e + u, 8);
+        const __m256i ei = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+        ws = _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_slli_epi32(ei, 23)), tiny,
+                              _mm256_castsi256_ps(_mm256_cmpeq_epi32(ei, _mm256_setzero_si256())));
+      } else {
+        ws = _mm256_set1_ps(e8m0_to_float(w.e[u]));
+      }
+    } else if constexpr (NB == 8) {  // the eight rows' (s, o) pairs lie side by side: split them
+      const auto pairs = [](const float* p, __m256& first, __m256& second) {  // 8 pairs -> 8 firsts, 8 seconds
+        const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+        first = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+        second = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+      };
+      __m256 o;
+      if (w.sm) {  // s = sc * d, o = m * -dmin: the eight rows' bytes and super-block pairs side by side
+        if (g % 8 == 0) pairs(w.ds + 2 * w.super(n0, g / 8), d, dmin);
+        const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sm + 2 * u)),
+                                           _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+        ws = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), d);
+        o = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b))), dmin);
+      } else {
+        pairs(w.so + 2 * u, ws, o);
+      }
+      for (int t = 0; t < TB; ++t) zero8[t] = _mm256_fmadd_ps(o, _mm256_set1_ps(x.xs[(t0 + t) * G + g]), zero8[t]);
     } else {
-      ws = _mm256_set1_ps(e8m0_to_float(w.e[u]));
+      float s, o;
+      w.scale_offset(n0, g, s, o);
+      ws = _mm256_set1_ps(s);
+      for (int t = 0; t < TB; ++t) zero1[t] = std::fma(o, x.xs[(t0 + t) * G + g], zero1[t]);
     }
+    __m256 wsx[TB];  // the rows' scales times x's powers of two (one product per lane, as the VNNI body's)
+    for (int t = 0; t < TB; ++t) wsx[t] = _mm256_mul_ps(ws, _mm256_set1_ps(x.xp[(t0 + t) * G + g]));
     for (int p = 0; p < P; ++p) {
       const __m256i b = NB == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.q + 16 * u + 32 * p)) : wide(w.q + 16 * u);
-      const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, nib));
-      const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib));
-      const __m256 wp = NB == 8 ? _mm256_permutevar8x32_ps(ws, _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1,
-                                                                                 2 * p + 1, 2 * p + 1, 2 * p + 1))
-                                : ws;
+      __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
+      if constexpr (F == kMX4) {
+        lo = _mm256_shuffle_epi8(lut, lo);
+        hi = _mm256_shuffle_epi8(lut, hi);
+      } else if constexpr (F == kQ6) {  // the high two bits, << 4 (hb's bytes: 2i's lanes, then 2i + 16's)
+        const __m128i v = NB == 8 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.hb + 8 * (u + 2 * p)))
+                                  : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.hb + 8 * u));
+        const __m128i v4 = _mm_srli_epi16(v, 4);
+        const __m256i t = NB == 8 ? _mm256_setr_m128i(_mm_unpacklo_epi64(v, v4), _mm_unpackhi_epi64(v, v4))
+                                  : _mm256_broadcastsi128_si256(_mm_unpacklo_epi64(v, v4));
+        const __m256i three = _mm256_set1_epi8(3);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(t, three), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(t, 2), three), 4));
+      } else if constexpr (F == kQ5) {  // + 16 where an element's fifth bit is set
+        const __m256i words = NB == 8 ? _mm256_setr_m128i(_mm_set1_epi32(int32_t(w.qh[u + 2 * p])),
+                                                          _mm_set1_epi32(int32_t(w.qh[u + 2 * p + 1])))
+                                      : _mm256_set1_epi32(int32_t(w.qh[u]));
+        const auto fifth = [&](__m256i which) {
+          const __m256i bits = _mm256_and_si256(_mm256_shuffle_epi8(words, which), bitmask);
+          return _mm256_and_si256(_mm256_cmpeq_epi8(bits, bitmask), sixteen);
+        };
+        lo = _mm256_or_si256(lo, fifth(even_bytes));
+        hi = _mm256_or_si256(hi, fifth(odd_bytes));
+      }
+      const __m256i pair = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
+      __m256 lanes6;  // kQ6: each lane's sixteen's scale d * sc (lanes 0-1 of a row: elements 0-15, 2-3: 16-31)
+      if constexpr (F == kQ6) {
+        int32_t four = 0;  // rows 2p and 2p + 1's two scales each (one row's two, for NB = 1)
+        std::memcpy(&four, w.sc + 2 * (u + 2 * p), NB == 8 ? 4 : 2);
+        const __m128i each = _mm_shuffle_epi8(_mm_cvtsi32_si128(four), _mm_setr_epi8(0, 0, 1, 1, NB == 8 ? 2 : 0, NB == 8 ? 2 : 0,
+                                                                                         NB == 8 ? 3 : 1, NB == 8 ? 3 : 1, 0, 0, 0, 0, 0, 0, 0, 0));
+        lanes6 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(each)), NB == 8 ? _mm256_permutevar8x32_ps(ws, pair) : ws);
+      }
       for (int t = 0; t < TB; ++t) {
         const int64_t tg = (t0 + t) * G + g;
         const int8_t* xb = x.x8.data() + tg * 64;
+        __m256 wp;
+        if constexpr (F == kQ6) wp = _mm256_mul_ps(lanes6, _mm256_set1_ps(x.xp[tg]));
+        else wp = NB == 8 ? _mm256_permutevar8x32_ps(wsx[t], pair) : wsx[t];
         const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb)), _mm256_maddubs_epi16(hi, wide(xb + 16)));
         const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb + 32)), _mm256_maddubs_epi16(hi, wide(xb + 48)));
-        const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(wide(x.xc.data() + tg * 4), _mm256_madd_epi16(l, one)),
-                                             _mm256_madd_epi16(h, high));
-        acc[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(wp, _mm256_set1_ps(x.xp[tg])), acc[p][t]);
+        __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(l, one), _mm256_madd_epi16(h, high));
+        if constexpr (F == kMX4 || F == kQ6) sum = _mm256_add_epi32(wide(x.xc.data() + tg * 4), sum);
+        acc[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), wp, acc[p][t]);
       }
     }
   }
-  for (int t = 0; t < TB; ++t)
+  for (int t = 0; t < TB; ++t) {
+    alignas(32) float zero[8];
+    _mm256_store_ps(zero, zero8[t]);
     for (int p = 0; p < P; ++p) {  // each row's four lanes, in the VNNI body's order
       alignas(32) float lanes[8];
       _mm256_store_ps(lanes, acc[p][t]);
-      for (int r = 0; r < (NB == 8 ? 2 : 1); ++r)
-        y[(t0 + t) * w.N + n0 + 2 * p + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+      for (int r = 0; r < (NB == 8 ? 2 : 1); ++r) {
+        const float dot = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+        y[(t0 + t) * w.N + n0 + 2 * p + r] = F == kMX4 || F == kQ6 ? dot : dot + (NB == 8 ? zero[2 * p + r] : zero1[t]);
+      }
     }
+  }
 }
 #endif
 
@@ -606,17 +732,18 @@ inline void mx4_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t0, f
 template <Format F>
 inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64_t T, float* y) {
   int64_t t0 = 0;
-#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X
-  if constexpr (F == kMX4) {
+#if IGNIS_QGEMM_INT16_X
+  if constexpr (F == kQ6 || (!IGNIS_QGEMM_AVX512 && F != kQ8)) {
     for (int64_t n = n0; n < n1; n += (n + 8 <= n1 ? 8 : 1)) {
       const bool eight = n + 8 <= n1;  // (tiles start at a block of eight: Weights::unit)
       int64_t t = 0;
-      for (; t + 2 <= T; t += 2) eight ? mx4_avx2<8, 2>(w, x, n, t, y) : mx4_avx2<1, 2>(w, x, n, t, y);
-      if (T - t == 1) eight ? mx4_avx2<8, 1>(w, x, n, t, y) : mx4_avx2<1, 1>(w, x, n, t, y);
+      for (; t + 2 <= T; t += 2) eight ? nibbles_avx2<F, 8, 2>(w, x, n, t, y) : nibbles_avx2<F, 1, 2>(w, x, n, t, y);
+      if (T - t == 1) eight ? nibbles_avx2<F, 8, 1>(w, x, n, t, y) : nibbles_avx2<F, 1, 1>(w, x, n, t, y);
     }
     return;
-  }
+  } else  // (the rest is not instantiated for them)
 #endif
+  {
 #if IGNIS_QGEMM_AVX512
   if constexpr (F != kQ8) {
     int64_t n = n0;
@@ -638,6 +765,7 @@ inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64
     for (int64_t n = n0; n < n1; ++n) block<F, 1, 2>(w, x, n, t0, y);
   if (T - t0 == 1)
     for (int64_t n = n0; n < n1; ++n) block<F, 1, 1>(w, x, n, t0, y);
+  }
 }
 
 // Weight rows a tile of rows() walks (the nibble formats' blocks of eight: Weights::unit).
@@ -645,7 +773,7 @@ constexpr int64_t kTileRows = 8;
 
 template <Format F>
 inline void run(const Weights& w, const float* x, int64_t T, float* y) {
-  const Split xs(x, T, w.K, F != kQ8, int16_x(F), byte_x(F));
+  const Split xs(x, T, w.K, F);
   // Enough weights per task to be worth a thread; a small GEMM stays on this one.
   const int64_t grain =
       std::max<int64_t>(kTileRows, (int64_t(1) << 18) / std::max<int64_t>(1, w.K * T)) / kTileRows * kTileRows;
@@ -661,6 +789,7 @@ inline void gemm(const Weights& w, const float* x, int64_t T, float* y) {
   switch (w.format) {
     case kQ4: return run<kQ4>(w, x, T, y);
     case kQ5: return run<kQ5>(w, x, T, y);
+    case kQ6: return run<kQ6>(w, x, T, y);
     case kQ8: return run<kQ8>(w, x, T, y);
     case kMX4: return run<kMX4>(w, x, T, y);
   }

@@ -58,10 +58,27 @@ struct Case {
   std::vector<float> so;
   std::vector<uint16_t> d;
   std::vector<uint8_t> e;
+  std::vector<uint8_t> sm;  // the K types' scales, in place of so
+  std::vector<float> ds;    // (and kQ6's super-block d)
+  std::vector<uint8_t> hb;  // kQ6's high bits and sixteens' scales
+  std::vector<int8_t> sc;
 
   qgemm::Weights weights() const {
     return {f, q.data(), qh.empty() ? nullptr : qh.data(), so.empty() ? nullptr : so.data(),
-            d.empty() ? nullptr : d.data(), e.empty() ? nullptr : e.data(), N, K};
+            d.empty() ? nullptr : d.data(), e.empty() ? nullptr : e.data(), N, K,
+            sm.empty() ? nullptr : sm.data(), ds.empty() ? nullptr : ds.data(), hb.empty() ? nullptr : hb.data(),
+            sc.empty() ? nullptr : sc.data()};
+  }
+
+  // The K types' scales as the (scale, offset) pairs they stand for.
+  Case with_pairs() const {
+    Case c = *this;
+    const qgemm::Weights w = weights();
+    c.sm.clear(), c.ds.clear();
+    c.so.resize(N * K / qgemm::kGroup * 2);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < K / qgemm::kGroup; ++g) w.scale_offset(n, g, c.so[2 * w.unit(n, g)], c.so[2 * w.unit(n, g) + 1]);
+    return c;
   }
 
   // W[n, k] as the format defines it (quant_gemm.h's header).
@@ -69,15 +86,18 @@ struct Case {
     const qgemm::Weights w = weights();
     const int64_t g = k / qgemm::kGroup, i = (k % qgemm::kGroup) / 2, G = K / qgemm::kGroup;
     if (f == qgemm::kQ8) return double(int8_t(q[n * K + k])) * qgemm::half_to_float(d[n * G + g]);
+    if (f == qgemm::kQ6) return double(w.q6(n, k)) * double(w.q6_scale(n, k));
     const uint8_t byte = q[16 * w.unit(n, g) + i];
     int v = k % 2 ? byte >> 4 : byte & 15;
     if (f == qgemm::kMX4) return double(qgemm::kE2M1[v]) * qgemm::e8m0_to_float(e[w.unit(n, g)]);
     if (f == qgemm::kQ5) v |= int((qh[w.unit(n, g)] >> (k % 2 ? 16 + i : i)) & 1) << 4;
-    return double(v) * so[2 * w.unit(n, g)] + so[2 * w.unit(n, g) + 1];
+    float s, o;
+    w.scale_offset(n, g, s, o);
+    return double(v) * s + o;
   }
 };
 
-Case random_case(Format f, int64_t N, int64_t K, std::mt19937& rng) {
+Case random_case(Format f, int64_t N, int64_t K, std::mt19937& rng, bool k_scales = false) {
   Case c{f, N, K};
   const int64_t G = K / qgemm::kGroup;
   std::uniform_int_distribution<int> byte(0, 255);
@@ -92,13 +112,28 @@ Case random_case(Format f, int64_t N, int64_t K, std::mt19937& rng) {
     std::uniform_int_distribution<int> exponent(118, 128);
     for (auto& x : c.e) x = uint8_t(exponent(rng));
     c.e[0] = 0;  // e8m0's 0 (2^-127) once
+  } else if (f == qgemm::kQ6) {  // Q6_K's int8 scale per 16, fp16 d per 256
+    std::uniform_int_distribution<int> scale(-128, 127);
+    c.hb.resize(N * G * 8);
+    for (auto& b : c.hb) b = uint8_t(byte(rng));
+    c.sc.resize(N * G * 2);
+    for (auto& v : c.sc) v = int8_t(scale(rng));
+    c.ds.resize(N * G / 8);
+    for (auto& v : c.ds) v = float(c10::Half(std::abs(normal(rng)) / 64));
+  } else if (k_scales) {  // six-bit (sc, m), fp16 (d, dmin) per eight groups, as Q4_K / Q5_K hold them
+    std::uniform_int_distribution<int> six(0, 63);
+    c.sm.resize(N * G * 2);
+    for (auto& b : c.sm) b = uint8_t(six(rng));
+    c.ds.resize(N * G / 8 * 2);
+    for (int64_t v = 0; v < N * G / 8; ++v)
+      c.ds[2 * v] = float(c10::Half(std::abs(normal(rng)) / 32)), c.ds[2 * v + 1] = -float(c10::Half(std::abs(normal(rng)) / 32));
   } else {
     c.so.resize(N * G * 2);
     for (int64_t u = 0; u < N * G; ++u) c.so[2 * u] = std::abs(normal(rng)), c.so[2 * u + 1] = normal(rng);
-    if (f == qgemm::kQ5) {
-      c.qh.resize(N * G);
-      for (auto& h : c.qh) h = uint32_t(rng());
-    }
+  }
+  if (f == qgemm::kQ5) {
+    c.qh.resize(N * G);
+    for (auto& h : c.qh) h = uint32_t(rng());
   }
   return c;
 }
@@ -108,11 +143,15 @@ Case random_case(Format f, int64_t N, int64_t K, std::mt19937& rng) {
 int main() {
   std::mt19937 rng(7);
   int failures = 0;
-  for (Format f : {qgemm::kQ4, qgemm::kQ5, qgemm::kQ8, qgemm::kMX4})
+  for (Format f : {qgemm::kQ4, qgemm::kQ5, qgemm::kQ6, qgemm::kQ8, qgemm::kMX4})
     for (int64_t N : {1, 7, 8, 12, 64, 100})
-      for (int64_t K : {64, 256}) {
-        const Case c = random_case(f, N, K, rng);
+      for (int64_t K : {64, 256, 512})
+        for (bool k_scales : {false, true}) {
+        if (k_scales && (K % 256 || (f != qgemm::kQ4 && f != qgemm::kQ5))) continue;
+        if (f == qgemm::kQ6 ? K == 64 || k_scales : !k_scales && K == 512) continue;  // (kQ6: K of 256s)
+        const Case c = random_case(f, N, K, rng, k_scales);
         const qgemm::Weights w = c.weights();
+        const Case paired = k_scales ? c.with_pairs() : Case{};
         for (int64_t T : {1, 2, 3, 4, 5, 9}) {
           std::normal_distribution<float> normal(0.0f, 1.0f);
           std::vector<float> x(T * K), y(T * N), one(N);
@@ -138,10 +177,16 @@ int main() {
             qgemm::gemm(w, x.data() + t * K, 1, one.data());
             for (int64_t n = 0; n < N; ++n) alone = alone && one[n] == y[t * N + n];
           }
+          bool same_as_pairs = true;  // the K types' scales give the pairs' outputs, bit for bit
+          if (k_scales) {
+            std::vector<float> yp(T * N);
+            qgemm::gemm(paired.weights(), x.data(), T, yp.data());
+            same_as_pairs = std::memcmp(yp.data(), y.data(), 4 * T * N) == 0;
+          }
           // x as int16 (kQ8; kMX4 with VNNI; everything on AVX2): within 2^-14 of a group's largest |x|
-          const bool int16 = !IGNIS_QGEMM_AVX512 || f == qgemm::kQ8 || (f == qgemm::kMX4 && IGNIS_QGEMM_MX4_VNNI);
+          const bool int16 = !IGNIS_QGEMM_AVX512 || f == qgemm::kQ8 || f == qgemm::kQ6 || (f == qgemm::kMX4 && IGNIS_QGEMM_MX4_VNNI);
           const double rtol = int16 ? 3e-4 : 1e-5;
-          const bool ok = worst <= rtol * top && alone;
+          const bool ok = worst <= rtol * top && alone && same_as_pairs;
           failures += !ok;
           uint64_t hash = 1469598103934665603ull;  // FNV-1a of y's bits: equal outputs across builds
           for (float v : y) {
@@ -149,9 +194,9 @@ int main() {
             std::memcpy(&bits, &v, 4);
             hash = (hash ^ bits) * 1099511628211ull;
           }
-          std::printf("%s format %d N %ld K %ld T %ld: worst %.3g of %.3g, y %016llx%s\n", ok ? "ok" : "FAIL", int(f),
-                      long(N), long(K), long(T), worst, top, static_cast<unsigned long long>(hash),
-                      alone ? "" : ", a row alone differs");
+          std::printf("%s format %d%s N %ld K %ld T %ld: worst %.3g of %.3g, y %016llx%s%s\n", ok ? "ok" : "FAIL", int(f),
+                      k_scales ? "k" : "", long(N), long(K), long(T), worst, top, static_cast<unsigned long long>(hash),
+                      alone ? "" : ", a row alone differs", same_as_pairs ? "" : ", the pairs' outputs differ");
         }
       }
   std::printf("avx512 %d vnni %d: %d failures\n", IGNIS_QGEMM_AVX512, IGNIS_QGEMM_MX4_VNNI, failures);

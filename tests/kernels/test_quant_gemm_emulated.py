@@ -56,6 +56,9 @@ def _run(build: str) -> list[str]:
 def test_bodies_match_the_formats(build: str) -> None:
     lines = _run(build)
     assert sum(ln.startswith("ok format 40 ") for ln in lines) == 72  # every mxfp4 case ran
+    # and the K types' scales (Q4_K / Q5_K), each equal bit for bit to the pairs they stand for
+    assert sum(ln.startswith(("ok format 4k ", "ok format 5k ")) for ln in lines) == 2 * 6 * 2 * 6
+    assert sum(ln.startswith("ok format 6 ") for ln in lines) == 6 * 2 * 6  # Q6_K's blocks
 
 
 def test_avx2_and_vnni_mxfp4_bodies_agree_bit_for_bit() -> None:

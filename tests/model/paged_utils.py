@@ -29,6 +29,16 @@ def quant_gemm_rtol(bits: int = 4, mxfp4: bool = False) -> float:
     return 3e-4 if p.level == "avx2" or (bits == 8 and p.level != "portable") or (mxfp4 and vnni) else 1e-5
 
 
+def assert_gemm_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rtol: float) -> None:
+    """got = x @ w^T within rtol of each output's scale, sum_k |x_k w_k| (what rounding x per
+    group scales with: an output that cancels to near zero is held to its terms' size, not its
+    own), the reference in float64."""
+    want = x.double() @ w.double().t()
+    scale = x.double().abs() @ w.double().abs().t()
+    err = (got.double() - want).abs()
+    assert bool((err <= rtol * scale.max() + 1e-12).all()), f"worst {float((err / scale.max()).max()):.3g} of the outputs' scale"
+
+
 def block_tables_for(lengths: Sequence[int], block_size: int) -> list[list[int]]:
     """Interleaved (not contiguous) block ids, so a wrong table lookup cannot go unnoticed."""
     counts = [-(-n // block_size) for n in lengths]

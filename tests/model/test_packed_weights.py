@@ -18,7 +18,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from ignis.model.gguf_quant import decode_int4, decode_q8, decode_q8_0, decode_wide_int
+from ignis.model.gguf_quant import decode_int4, decode_k_scales, decode_q6_k, decode_q8, decode_q8_0, decode_wide_int
 from ignis.model.lm_head import NARROW_ROWS, Int8DynamicHead, RefinedHead
 from ignis.model.loader import load_model
 from ignis.model.packed import (
@@ -34,7 +34,7 @@ from ignis.model.packed import (
 from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights, wide_kind
 from kernels import cpu_native, cpu_platform
 from kernels.cpu_platform import CpuPlatform
-from tests.model.paged_utils import flat_forward_logits, quant_gemm_rtol, rel_err
+from tests.model.paged_utils import assert_gemm_close, flat_forward_logits, quant_gemm_rtol, rel_err
 from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
 
 TOL_BF16 = 5e-2
@@ -53,6 +53,9 @@ def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> 
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
     if qtype == Q.MXFP4:  # an e8m0 exponent byte per block: weights of order 2^-8 .. 2^-1
         raw[..., 0] = rng.integers(119, 127, raw.shape[:2])
+        return raw.reshape(rows, -1)
+    if qtype == Q.Q6_K:  # its fp16 d is the block's last two bytes
+        raw[..., -2:] = rng.uniform(-0.01, 0.01, raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
         return raw.reshape(rows, -1)
     halves = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q8_0: 1, Q.Q4_K: 2, Q.Q5_0: 1, Q.Q5_1: 2, Q.Q5_K: 2}[qtype]
     scales = rng.uniform(-0.1, 0.1, (rows, cols // block, halves)).astype(np.float16)
@@ -121,7 +124,7 @@ def test_wide_steps_widen_the_quantized_weight(n: int, widen_to: torch.dtype, mo
     torch.testing.assert_close(i4.widen(0, n, torch.float32), dense, rtol=1e-6, atol=1e-7)  # the file's values
     if i4.native:
         eye = torch.eye(128)
-        assert torch.equal(torch.ops.ignis_cpu.quant_gemm(eye, i4.nibbles, None, i4.scales_offsets, 4).t(),
+        assert torch.equal(torch.ops.ignis_cpu.quant_gemm(eye, i4.nibbles, None, i4.scales.pairs, 4).t(),
                            i4.widen(0, n, torch.float32))
     want4 = F.linear(xd, i4.widen(0, n, widen_to)).float() + bias
     w8 = (i8.weight.float() * i8.scale.float()[:, None]).to(widen_to)
@@ -155,7 +158,7 @@ def test_int4_gemm_is_the_file_weight_times_x(rows: int) -> None:
         native = Int4Linear(q, s, o, None)
         if native.native:
             got = native(x)
-            torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+            assert_gemm_close(got, x, dense, rtol)
             assert torch.equal(got[-1:], native(x[-1:]))  # independent of the step's other rows
         if n % 16 == 0:  # torch's packing takes row counts that 16 divides
             assert rel_err(Int4Linear(q, s, o, None, native=False)(x), want) < 2e-2
@@ -184,11 +187,60 @@ def test_int5_and_q8_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
         assert torch.equal(through, op.widen(0, n, torch.float32))
         for rows in (1, 2, 3, 4, 5, 9, 17):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            want = (x.double() @ dense.double().t()).float()
             got = op(x)
-            torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+            assert_gemm_close(got, x, dense, rtol)
             # Each row's result is the same whatever the step's other rows (drafts are checked
             # against plain decoding's one-row steps)
+            assert torch.equal(got[-1:], op(x[-1:]))
+
+
+def test_q6_k_and_k_scale_decoders_match_gguf() -> None:
+    """Q6_K's values, sixteens' scales and d; Q4_K / Q5_K's six-bit scales and super-block
+    pairs standing for exactly the fp32 (scale, offset) pairs the int decoders give."""
+    rng = np.random.default_rng(6)
+    raw = _random_blocks(rng, 5, 512, Q.Q6_K)
+    q, sc, d = decode_q6_k(raw, Q.Q6_K, 512)
+    assert q.max() <= 63 and sc.dtype == np.int8
+    w = (np.repeat(d, 256, axis=1) * np.repeat(sc.astype(np.float32), 16, axis=1)) * (q.astype(np.float32) - 32)
+    assert np.array_equal(w, gguf.quants.dequantize(raw, Q.Q6_K).reshape(5, 512))
+    for qtype in (Q.Q4_K, Q.Q5_K):
+        raw = _random_blocks(rng, 5, 512, qtype)
+        _, scale, offset = (decode_int4 if qtype == Q.Q4_K else decode_wide_int)(raw, qtype, 512)
+        sm, ds = decode_k_scales(raw, qtype, 512)
+        assert np.array_equal(sm[..., 0] * np.repeat(ds[..., 0], 8, axis=1), scale)
+        assert np.array_equal(sm[..., 1] * np.repeat(ds[..., 1], 8, axis=1), offset)
+
+
+@pytest.mark.skipif(not cpu_native.load(), reason="the native op is not built here")
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q4_K, Q.Q5_K])
+def test_q6_and_k_scale_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
+    """The q6 form (Q6_K) and the K types' scales (Q4_K / Q5_K alone): the file's values bit
+    for bit, widened and through the GEMM on identity rows, any row count within the tier's
+    rounding, each row independent of the step's others; q6 at the file's 0.83 bytes a weight."""
+    from ignis.model.packed import Q6Linear
+
+    rng = np.random.default_rng(int(qtype))
+    k = 512
+    for n in (1, 7, 8, 64, 100):
+        raw = _random_blocks(rng, n, k, qtype)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(n, k))
+        if qtype == Q.Q6_K:
+            op: PackedLinear = Q6Linear(*decode_q6_k(raw, qtype, k), None)
+            assert op.nbytes == n * k * 210 // 256 - 2 * n * k // 256 + 4 * n * k // 256  # the file's, d as fp32
+            rtol = quant_gemm_rtol(8)  # x as bytes wherever AVX2 is
+        elif qtype == Q.Q4_K:
+            op = Int4Linear(*decode_int4(raw, qtype, k), None, k_scales=decode_k_scales(raw, qtype, k))
+            rtol = quant_gemm_rtol(4)
+        else:
+            op = Int5Linear(*decode_wide_int(raw, qtype, k), None, k_scales=decode_k_scales(raw, qtype, k))
+            rtol = quant_gemm_rtol(5)
+        assert torch.equal(op.widen(0, n, torch.float32), dense)
+        eye = torch.eye(k)
+        assert torch.equal(torch.cat([op(eye[i : i + 128]) for i in range(0, k, 128)]).t(), dense)
+        for rows in (1, 2, 3, 5, 9):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            got = op(x)
+            assert_gemm_close(got, x, dense, rtol)
             assert torch.equal(got[-1:], op(x[-1:]))
 
 
@@ -217,10 +269,8 @@ def test_mxfp4_gemm_is_the_file_weight_times_x() -> None:
         assert torch.equal(torch.cat([op(eye[:128]), op(eye[128:])]).t(), dense)
         for rows in (1, 2, 3, 4, 5, 9, 17):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            want = (x.double() @ dense.double().t()).float()
             got = op(x)
-            rtol = quant_gemm_rtol(4, mxfp4=True)
-            torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * want.abs().max().item())
+            assert_gemm_close(got, x, dense, quant_gemm_rtol(4, mxfp4=True))
             assert torch.equal(got[-1:], op(x[-1:]))
 
 
@@ -228,7 +278,7 @@ def test_mxfp4_gemm_is_the_file_weight_times_x() -> None:
 def test_block_types_pick_the_narrowest_exact_form() -> None:
     """Per fused weight: all 4-bit blocks int4; 5-bit (with 4-bit) int5; Q8_0 with Q5_0 / Q4_0
     (Gemma's q|k|v) q8; Q8_0 beside Q4_K int4 pairs; MXFP4 its own, beside Q8_0 q8; Q6_K
-    torch's int8."""
+    alone q6, beside Q4_K torch's int8 (requantized). Q4_K / Q5_K alone keep their own scales."""
     from ignis.model.packed import _build_linear, _Raw
     from ignis.model.weight_plan import WeightPlan
 
@@ -239,13 +289,17 @@ def test_block_types_pick_the_narrowest_exact_form() -> None:
 
     plan = WeightPlan("quantized", int4=True)
     cases = {("Q4_K", "Q4_0"): "int4", ("Q5_0", "Q4_K"): "int5", ("Q5_K",): "int5", ("Q5_0", "Q8_0"): "q8",
-             ("Q8_0",): "q8", ("Q8_0", "Q4_K"): "int4x2", ("MXFP4",): "mxfp4", ("MXFP4", "Q8_0"): "q8"}
+             ("Q8_0",): "q8", ("Q8_0", "Q4_K"): "int4x2", ("MXFP4",): "mxfp4", ("MXFP4", "Q8_0"): "q8",
+             ("Q4_K",): "int4", ("Q4_K", "Q4_K"): "int4", ("Q6_K",): "q6", ("Q6_K", "Q6_K"): "q6", ("Q4_K", "Q6_K"): "int8"}
     for types, form in cases.items():
         parts = [part(Q[t]) for t in types]
         op = _build_linear(parts, None, plan)
         assert op.form == form, types
+        if form in ("int4", "int5"):
+            assert (op.scales.pairs is None) == (set(types) <= {"Q4_K", "Q5_K"}), types
         dense = torch.from_numpy(np.concatenate([p.dense() for p in parts]))
-        torch.testing.assert_close(op.widen(0, dense.shape[0], torch.float32), dense, rtol=1e-6, atol=1e-7)
+        if form != "int8":  # (requantized per row: not the file's values)
+            torch.testing.assert_close(op.widen(0, dense.shape[0], torch.float32), dense, rtol=1e-6, atol=1e-7, msg=str(types))
 
 
 def test_mixed_op_picks_its_gemm_by_rows() -> None:
