@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 # The wide GEMMs decode.cpp calls, by PackedLinear.form (its `wide_kind` argument).
 _WIDE_KINDS = {"bf16": 0, "fp16": 1, "fp32": 2}
 # decode.cpp's NarrowKind, Act and Layout.
-_INT8, _INT4, _INT4_PAIR, _INT5, _Q8, _MX4, _INT4_K, _INT5_K, _Q6 = 0, 1, 2, 3, 4, 5, 6, 7, 8
+_INT8, _INT4, _INT4_PAIR, _INT5, _Q8, _MX4, _INT4_K, _INT5_K, _Q6, _STACK = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 _ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}
 _LAYOUTS = {"pre": 0, "sandwich": 1}
 _PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -73,7 +73,7 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
     """(the int4/int8 GEMM, the mixed form's wide GEMM for wider steps or None); (None, None)
     when the op is neither, or its wide GEMM is one the native op does not call."""
     from ignis.model.packed import (
-        Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, MixedLinear, Mx4Linear, Q6Linear, Q8Linear,
+        Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, MixedLinear, Mx4Linear, Q6Linear, Q8Linear, StackedLinear,
     )
 
     if isinstance(op, MixedLinear):
@@ -82,9 +82,37 @@ def _split(op: object) -> tuple[PackedLinear | None, PackedLinear | None]:
         return _split(op.narrow)[0], op.wide
     if isinstance(op, Int4Linear) and not op.native:
         return None, None
-    if isinstance(op, Int4Linear | Int5Linear | Q6Linear | Q8Linear | Int8Linear | Int4PairLinear | Mx4Linear):
+    if isinstance(op, Int4Linear | Int5Linear | Q6Linear | Q8Linear | Int8Linear | Int4PairLinear | Mx4Linear
+                  | StackedLinear):
         return op, None
     return None, None
+
+
+def _kind_and_tensors(g: PackedLinear) -> tuple[int, list[torch.Tensor]]:
+    """decode.cpp's NarrowKind of one projection's GEMM and its tensors in the order it reads them."""
+    from ignis.model.packed import (
+        Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, Mx4Linear, Q6Linear, Q8Linear, StackedLinear,
+    )
+
+    if isinstance(g, StackedLinear):  # (kind, rows) per part, then the parts' tensors
+        parts = [_kind_and_tensors(op) for op in g.ops]
+        meta = torch.tensor([[kind, rows] for (kind, _), rows in zip(parts, g.rows)], dtype=torch.int64)
+        return _STACK, [meta] + [t for _, tensors in parts for t in tensors]
+    if isinstance(g, Int4PairLinear):
+        return _INT4_PAIR, [g.lo.nibbles, *g.lo.scales.tensors, g.hi.nibbles, *g.hi.scales.tensors]
+    if isinstance(g, Int5Linear):  # (Q5_K alone: the file's scales, _INT5_K)
+        return (_INT5 if g.scales.pairs is not None else _INT5_K), [g.nibbles, g.fifth_bits, *g.scales.tensors]
+    if isinstance(g, Q6Linear):
+        return _Q6, [g.nibbles, g.high_bits, g.sixteens, g.supers]
+    if isinstance(g, Q8Linear):
+        return _Q8, [g.q, g.d]
+    if isinstance(g, Mx4Linear):
+        return _MX4, [g.nibbles, g.exponents]
+    if isinstance(g, Int4Linear):
+        assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
+        return (_INT4 if g.scales.pairs is not None else _INT4_K), [g.nibbles, *g.scales.tensors]
+    assert isinstance(g, Int8Linear)
+    return _INT8, [g.weight, g.scale]
 
 
 class NativeDecoder:
@@ -93,7 +121,6 @@ class NativeDecoder:
         down; a mixture's qkv, o, then each expert's gate_up and down); wide: the mixed
         form's kept copies of the dense projections, or empty."""
         from ignis.model.gguf_quant import GROUP
-        from ignis.model.packed import Int4Linear, Int4PairLinear, Int5Linear, Int8Linear, Mx4Linear, Q6Linear, Q8Linear
 
         c = model.config
         self.model = model
@@ -101,35 +128,15 @@ class NativeDecoder:
         # oneDNN fp32 packed weights, one kind for the whole model.
         self.wide = [w.packed for w in wide]
         self.wide_kind = _WIDE_KINDS[wide[0].form] if wide else 0
-        # Per projection: int4, int5, q8, an int4 pair (5- to 8-bit blocks beside others),
-        # mxfp4 or torch's int8; a file mixes them (Q4_K_M keeps some tensors at Q6_K, Gemma's
+        # Per projection: int4, int5, q6, q8, an int4 pair (5- to 8-bit blocks beside others),
+        # mxfp4, a stack of these or torch's int8; a file mixes them (Q4_K_M keeps some tensors at Q6_K, Gemma's
         # files Q5_0 and Q8_0, gpt-oss's MXFP4 experts beside Q8_0).
         self.kinds: list[int] = []
         self.weights: list[torch.Tensor] = []
         for g in gemms:
-            if isinstance(g, Int4PairLinear):
-                self.kinds.append(_INT4_PAIR)
-                self.weights += [g.lo.nibbles, *g.lo.scales.tensors, g.hi.nibbles, *g.hi.scales.tensors]
-            elif isinstance(g, Int5Linear):  # (Q5_K alone: the file's scales, _INT5_K)
-                self.kinds.append(_INT5 if g.scales.pairs is not None else _INT5_K)
-                self.weights += [g.nibbles, g.fifth_bits, *g.scales.tensors]
-            elif isinstance(g, Q6Linear):
-                self.kinds.append(_Q6)
-                self.weights += [g.nibbles, g.high_bits, g.sixteens, g.supers]
-            elif isinstance(g, Q8Linear):
-                self.kinds.append(_Q8)
-                self.weights += [g.q, g.d]
-            elif isinstance(g, Mx4Linear):
-                self.kinds.append(_MX4)
-                self.weights += [g.nibbles, g.exponents]
-            elif isinstance(g, Int4Linear):
-                assert g.native, "an Int4Linear built without the native op (torch's int4 packing)"
-                self.kinds.append(_INT4 if g.scales.pairs is not None else _INT4_K)
-                self.weights += [g.nibbles, *g.scales.tensors]
-            else:
-                assert isinstance(g, Int8Linear)
-                self.kinds.append(_INT8)
-                self.weights += [g.weight, g.scale]
+            kind, tensors = _kind_and_tensors(g)
+            self.kinds.append(kind)
+            self.weights += tensors
         self.biases: list[torch.Tensor | None] = []
         self.routers: list[torch.Tensor | None] = []
         self.router_biases: list[torch.Tensor | None] = []

@@ -11,6 +11,8 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
                fp16 block scales, 1.06 bytes a weight; a large tied head multiplies by the
                embedding table's own.
   Q6Linear     Q6_K exactly (its 6-bit values, int8 scales per 16 and d per 256), 0.83 bytes a weight.
+  StackedLinear  a fused weight whose parts need different forms (Q4_K q|k beside a Q6_K v):
+               one exact op per run of parts, outputs side by side.
   Int4PairLinear  5- to 8-bit blocks exactly as two int4 weights (q = 16 hi + lo), 1.5 bytes
                a weight: only Q8_0 fused beside blocks with offsets (Q4_K, Q5_K, ...).
   Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K
@@ -35,6 +37,7 @@ experiments/RESULTS.md for the figures.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -169,7 +172,15 @@ def _unblocked(t: torch.Tensor, n0: int, n1: int, groups: int) -> torch.Tensor:
             return head
         tail = max(n0, n8)
         return torch.cat((head, units[tail * groups : n1 * groups].view(n1 - tail, groups, u)))
-    row = torch.arange(n0, n1)[:, None]
+    return _gathered(t, torch.arange(n0, n1), groups)
+
+
+def _gathered(t: torch.Tensor, rows: torch.Tensor, groups: int) -> torch.Tensor:
+    """Rows `rows` (any, in their order) of a _blocked tensor [N, ...]: [len(rows), groups, unit...]."""
+    n = t.shape[0]
+    n8 = n // 8 * 8
+    units = t.reshape(n * groups, -1)
+    row = rows.long()[:, None]
     g = torch.arange(groups)[None, :]
     idx = torch.where(row < n8, (row // 8 * groups + g) * 8 + row % 8, row * groups + g)
     return units[idx]
@@ -341,16 +352,56 @@ class Q6Linear(PackedLinear):
 
     def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Rows [n0, n1) of W as `dtype`: (d * sc) * (q - 32) in fp32 (exact: 23 bits), then rounded."""
-        n, groups = n1 - n0, self.in_features // GROUP
-        b = _unblocked(self.nibbles, n0, n1, groups)
+        return self._values(n1 - n0, lambda t, groups: _unblocked(t, n0, n1, groups)).to(dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W, fp32 (an embedding's lookups)."""
+        return self._values(ids.numel(), lambda t, groups: _gathered(t, ids.reshape(-1), groups))
+
+    def _values(self, n: int, take: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+        groups = self.in_features // GROUP
+        b = take(self.nibbles, groups)
         low = torch.stack((b & 15, b >> 4), dim=-1).view(n, groups, GROUP)
-        hb = _unblocked(self.high_bits, n0, n1, groups)  # [n, G, 8]
+        hb = take(self.high_bits, groups)  # [n, G, 8]
         pairs = torch.stack([(hb >> s) & 3 for s in (0, 2, 4, 6)], dim=-1)  # [n, G, 8, 4]: 2j, 2j + 1, 2j + 16, 2j + 17
         high = torch.cat((pairs[..., 0:2].reshape(n, groups, 16), pairs[..., 2:4].reshape(n, groups, 16)), dim=-1)
         q = (low | (high << 4)).float() - 32
-        sc = _unblocked(self.sixteens, n0, n1, groups).float().repeat_interleave(16, dim=-1)  # [n, G, 32]
-        d = _unblocked(self.supers, n0, n1, groups // 8).view(n, groups // 8, 1).repeat_interleave(8, dim=1)
-        return ((d * sc) * q).view(n, self.in_features).to(dtype)
+        sc = take(self.sixteens, groups).float().view(n, groups, 2).repeat_interleave(16, dim=-1)  # [n, G, 32]
+        d = take(self.supers, groups // 8).view(n, groups // 8, 1).repeat_interleave(8, dim=1)
+        return ((d * sc) * q).view(n, self.in_features)
+
+
+class StackedLinear(PackedLinear):
+    """A fused weight (q|k|v) whose parts no one exact form holds together (a Q4_K_M file's
+    Q4_K q and k beside a Q6_K v): each run of parts of one block type through its own exact
+    op, the outputs side by side (the native decode op writes each part's columns in place),
+    instead of the whole stack requantized to int8. Widened per part from WIDEN_ROWS rows."""
+
+    form = "stack"
+
+    def __init__(self, ops: list[PackedLinear], rows: list[int], bias: torch.Tensor | None,
+                 widen_to: torch.dtype = torch.bfloat16) -> None:
+        self.ops, self.rows = ops, rows
+        self.in_features = ops[0].in_features
+        self.form = "+".join(op.form for op in ops)
+        self.widen_to = widen_to
+        self.bias = bias
+        self.nbytes = sum(op.nbytes for op in ops)
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= WIDEN_ROWS:
+            return _widened_mm(x, sum(self.rows), self.widen, self.widen_to)
+        return torch.cat([op._mm(x) for op in self.ops], dim=1)
+
+    def widen(self, n0: int, n1: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows [n0, n1) of W as `dtype`, from the parts they fall in."""
+        out, r0 = [], 0
+        for op, rows in zip(self.ops, self.rows):
+            a, b = max(n0, r0), min(n1, r0 + rows)
+            if a < b:
+                out.append(op.widen(a - r0, b - r0, dtype))
+            r0 += rows
+        return torch.cat(out)
 
 
 class Q8Linear(PackedLinear):
@@ -592,6 +643,24 @@ class BlockEmbedding:
         return self._rows(self.blocks)
 
 
+class Q6Table:
+    """A Q6_K table (the embedding, or an untied head's rows) held once as q6 (Q6Linear, 0.83
+    bytes a weight): rows looked up exactly, and a large one multiplied as the few-row LM
+    head itself, with no int8 copy beside it (Llama-3.2-1B's tied 128k x 2048 table: 217 MB
+    in all, where the file's blocks and an int8 head were 479)."""
+
+    def __init__(self, raw: _Raw, dtype: torch.dtype) -> None:
+        self.op = Q6Linear(*decode_q6_k(np.asarray(raw.data).reshape(raw.shape[0], -1), QT.Q6_K, raw.shape[-1]), None)
+        self.dtype = dtype
+        self.nbytes = self.op.nbytes
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.op.rows(ids).view(*ids.shape, -1).to(self.dtype)
+
+    def dense(self) -> torch.Tensor:
+        return self.op.widen(0, self.op.nibbles.shape[0], torch.float32)
+
+
 class DenseEmbedding:
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table
@@ -689,6 +758,11 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
         return Int4PairLinear(*_stacked(parts, _decode_int), bias, widen_to)
     if native and types == {QT.Q6_K}:
         return Q6Linear(*_stacked(parts, decode_q6_k), bias, widen_to)
+    if native and len(types) > 1:  # each run of one block type exactly, where every run has an exact form
+        runs = [list(g) for _, g in itertools.groupby(parts, key=lambda p: p.qtype)]
+        ops = [_build_linear(run, None, plan) for run in runs]
+        if not any(isinstance(op, Int8Linear | StackedLinear | Int4PairLinear) for op in ops):
+            return StackedLinear(ops, [sum(p.shape[0] for p in run) for run in runs], bias, widen_to)
     if plan.form == "quantized":
         return Int8Linear(_dense(parts), bias, widen_to)
     return wide_linear(_dense(parts), plan.wide, bias)
@@ -709,12 +783,15 @@ def _dense(parts: list[_Raw]) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([p.dense() for p in parts]))
 
 
-def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | DenseEmbedding | BlockEmbedding:
-    """Row lookups in the file's form, exact: Q8_0 as int8 + block scales, other block types
-    as the file's blocks, float types as fp32 rows (bf16 ones as bf16)."""
+def _table(raw: _Raw, dtype: torch.dtype) -> Q8Embedding | Q6Table | DenseEmbedding | BlockEmbedding:
+    """Row lookups in the file's form, exact: Q8_0 as int8 + block scales, Q6_K as q6 where
+    the native op is built, other block types as the file's blocks, float types as fp32 rows
+    (bf16 ones as bf16)."""
     if raw.qtype == QT.Q8_0:
         q, s = decode_q8_0(raw.data, raw.shape[-1])
         return Q8Embedding(q, s, dtype)
+    if raw.qtype == QT.Q6_K and raw.shape[-1] % 256 == 0 and cpu_native.load():
+        return Q6Table(raw, dtype)
     if raw.qtype not in (QT.F32, QT.F16, QT.BF16):
         return BlockEmbedding(raw, dtype)
     w = torch.from_numpy(raw.dense())
@@ -929,8 +1006,9 @@ def _set_tables(
     built when the engine never has more: max_num_seqs <= NARROW_ROWS), each row's top
     candidates refined in fp32 from the exact rows: the embedding table when tied, else a
     table of the head's own (the file's form again: Q8_0 stays 1 byte per weight). The
-    narrow GEMM is the q8 form over that Q8_0 table itself where the table is too large for
-    the caches (no second copy), else int8 with dynamic-quantized activations."""
+    narrow GEMM is the q8 form over that Q8_0 table itself, or the q6 one over a Q6_K table
+    (Q6Table), where the table is too large for the caches (no second copy), else int8 with
+    dynamic-quantized activations."""
     model.embed_op = _table(embed, dtype)
     rows = model.embed_op if head is None else _table(head, dtype)
     few_rows_only = max_num_seqs is not None and max_num_seqs <= NARROW_ROWS
@@ -938,6 +1016,8 @@ def _set_tables(
     head_w: torch.Tensor | None = None
     if isinstance(rows, Q8Embedding) and rows.nbytes >= Q8_HEAD_MIN_BYTES and plan.int4 and cpu_native.load():
         narrow = Q8Linear(rows.q, rows.scale, None)
+    elif isinstance(rows, Q6Table) and rows.nbytes >= Q8_HEAD_MIN_BYTES and plan.int4:
+        narrow = rows.op
     elif plan.head_int8:
         head_w = torch.from_numpy((head or embed).dense())
         narrow = int8_dynamic_head(head_w, full_range=plan.head_full_range)

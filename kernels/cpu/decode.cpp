@@ -130,7 +130,7 @@ at::Tensor as_bf16(const at::Tensor& x) {
 // (Q4_K_M keeps some tensors at Q6_K, Gemma's files Q5_0 and Q8_0 beside Q4_K; gpt-oss's
 // experts MXFP4 beside Q8_0 attention).
 enum NarrowKind : int64_t {
-  kInt8 = 0, kInt4 = 1, kInt4Pair = 2, kInt5 = 3, kQ8 = 4, kMx4 = 5, kInt4K = 6, kInt5K = 7, kQ6 = 8
+  kInt8 = 0, kInt4 = 1, kInt4Pair = 2, kInt5 = 3, kQ8 = 4, kMx4 = 5, kInt4K = 6, kInt5K = 7, kQ6 = 8, kStack = 9
 };
 
 // How many tensors of `narrow` each kind takes.
@@ -147,7 +147,9 @@ inline int64_t tensors_of(int64_t kind) {
 // MXFP4 (e2m1 nibbles [N, K/2], e8m0 exponents [N, K/32] uint8). int4 and int5 from Q4_K /
 // Q5_K hold the file's scales in place of the pairs (kInt4K, kInt5K: uint8 (sc, m)
 // [N, K/32, 2] and fp32 (d, -dmin) [N, K/256, 2], the pairs' values exactly). Q6_K (kQ6, four:
-// nibbles, high bits [N, K/32, 8], int8 scales [N, K/32, 2], fp32 d [N, K/256]).
+// nibbles, high bits [N, K/32, 8], int8 scales [N, K/32, 2], fp32 d [N, K/256]). A stack
+// (kStack: packed.py's StackedLinear): [P, 2] int64 (kind, rows) per part, then each part's
+// tensors in order, every part a kind of its own above but kInt8 and kInt4Pair.
 // Projections are numbered across the layers: a dense layer has four (qkv, o, gate_up,
 // down), a mixture's 2 + 2E (qkv, o, then each expert's gate_up and down).
 // `wide`, per dense projection (qkv and o only, in a mixture's layer: its experts have no
@@ -164,9 +166,22 @@ struct Gemms {
       : narrow(narrow_), wide(wide_), kinds(kinds_), use_wide(use_wide_), wide_kind(wide_kind_) {
     int64_t i = 0;
     for (const int64_t k : kinds) {
-      TORCH_CHECK(k >= kInt8 && k <= kQ6, "decode_layers: unknown GEMM kind ", k);
+      TORCH_CHECK(k >= kInt8 && k <= kStack, "decode_layers: unknown GEMM kind ", k);
       first.push_back(i);
-      i += tensors_of(k);
+      if (k != kStack) {
+        i += tensors_of(k);
+        continue;
+      }
+      // a stack: [P, 2] int64 (kind, rows) per part, then the parts' tensors
+      TORCH_CHECK(i < int64_t(narrow.size()) && narrow[i].dim() == 2 && narrow[i].size(1) == 2 &&
+                      narrow[i].scalar_type() == at::kLong,
+                  "decode_layers: a stack starts with its parts' (kind, rows) [P, 2] int64");
+      const at::Tensor parts = narrow[i++];
+      for (int64_t p = 0; p < parts.size(0); ++p) {
+        const int64_t pk = parts[p][0].item<int64_t>();
+        TORCH_CHECK(pk != kInt8 && pk != kInt4Pair && pk >= kInt4 && pk <= kQ6, "decode_layers: kind ", pk, " in a stack");
+        i += tensors_of(pk);
+      }
     }
     TORCH_CHECK(i == int64_t(narrow.size()), "decode_layers: ", narrow.size(), " weight tensors for kinds needing ", i);
   }
@@ -184,6 +199,18 @@ struct Gemms {
       const int64_t i = first[p], kind = kinds[p];
       if (kind == kInt8) {
         y = at::_weight_int8pack_mm(as_bf16(x), narrow[i], narrow[i + 1]);
+      } else if (kind == kStack) {  // each part writes its columns of y in place
+        y = at::empty({x.size(0), n}, x.options());
+        const at::Tensor parts = narrow[i];
+        const int64_t* meta = parts.data_ptr<int64_t>();
+        int64_t j = i + 1, r0 = 0;
+        for (int64_t p = 0; p < parts.size(0); ++p) {
+          qgemm::Weights wp = weights(j, meta[2 * p], meta[2 * p + 1], x.size(1));
+          wp.ldy = n;
+          qgemm::gemm(wp, x.data_ptr<float>(), x.size(0), y.data_ptr<float>() + r0);
+          r0 += meta[2 * p + 1], j += tensors_of(meta[2 * p]);
+        }
+        TORCH_CHECK(r0 == n, "decode_layers: a stack of ", r0, " rows for ", n, " outputs");
       } else {
         y = at::empty({x.size(0), n}, x.options());
         qgemm::gemm(weights(i, kind, n, x.size(1)), x.data_ptr<float>(), x.size(0), y.data_ptr<float>());

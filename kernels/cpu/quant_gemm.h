@@ -107,6 +107,9 @@ struct Weights {
   const float* ds = nullptr;    // and their super-blocks' (d, -dmin) [N, K/256, 2]; kQ6: d [N, K/256]
   const uint8_t* hb = nullptr;  // kQ6: the high two bits [N, K/32, 8]
   const int8_t* sc = nullptr;   // kQ6: each 16's scale [N, K/32, 2]
+  int64_t ldy = 0;              // y's row stride (0: N); a part of a stack of formats writes its columns
+
+  int64_t stride() const { return ldy ? ldy : N; }
 
   // kQ6: row n's element k as q - 32 (in [-32, 32)) and its sixteen's scale d * sc.
   int q6(int64_t n, int64_t k) const {
@@ -583,7 +586,7 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
   }
 #endif
   for (int r = 0; r < NB; ++r)
-    for (int t = 0; t < TB; ++t) y[(t0 + t) * w.N + n0 + r] = dot[r][t] + zero[r][t];
+    for (int t = 0; t < TB; ++t) y[(t0 + t) * w.stride() + n0 + r] = dot[r][t] + zero[r][t];
 }
 
 #if IGNIS_QGEMM_INT16_X
@@ -717,7 +720,7 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
       _mm256_store_ps(lanes, acc[p][t]);
       for (int r = 0; r < (NB == 8 ? 2 : 1); ++r) {
         const float dot = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
-        y[(t0 + t) * w.N + n0 + 2 * p + r] = F == kMX4 || F == kQ6 ? dot : dot + (NB == 8 ? zero[2 * p + r] : zero1[t]);
+        y[(t0 + t) * w.stride() + n0 + 2 * p + r] = F == kMX4 || F == kQ6 ? dot : dot + (NB == 8 ? zero[2 * p + r] : zero1[t]);
       }
     }
   }
@@ -784,7 +787,8 @@ inline void run(const Weights& w, const float* x, int64_t T, float* y) {
   });
 }
 
-// y [T, N] fp32 = x [T, K] fp32 @ W^T (K a multiple of 32), output rows split over torch's threads.
+// y [T, N] fp32 = x [T, K] fp32 @ W^T (K a multiple of 32; y's rows ldy apart where set), output
+// rows split over torch's threads.
 inline void gemm(const Weights& w, const float* x, int64_t T, float* y) {
   switch (w.format) {
     case kQ4: return run<kQ4>(w, x, T, y);

@@ -165,12 +165,37 @@ def test_native_decode_matches_eager(tmp_path: Path, family: str, kwargs: dict, 
                  kv_dtype=kv_dtype)
 
 
+def test_a_q4_k_m_file_decodes_natively_in_its_own_blocks(tmp_path: Path) -> None:
+    """A Q4_K_M file as llama.cpp's recipe types it (experiments/synthetic_gguf.py, random
+    blocks at a tiny shape): Q4_K with its own scales (kind 6), Q6_K ffn_down as q6 (8), and
+    q|k|v with a Q6_K v as a stack of the two (9, each part's columns written in place);
+    the native step equals the eager one."""
+    from experiments.synthetic_gguf import Shape, use_more_bits, write
+
+    if not PLAN.int4:
+        pytest.skip("the packed int4 forms are not built here")
+    shape = Shape("llama", 256, 8, 4, 2, 64, 512, 49152 + 40, True, 500000.0)
+    path = write(shape, "q4_k_m", tmp_path / "q4_k_m.gguf", progress=False)
+    model = load_model(str(path), progress=False, weight_form="quantized", max_num_seqs=4).model
+    native = NativeDecoder.build(model)
+    assert native is not None
+    want = []
+    for i in range(shape.layers):
+        more = use_more_bits(i, shape.layers)
+        want += [9 if more else 6, 6, 6, 8 if more else 6]
+    assert native.kinds == want and 8 in want and 9 in want
+    prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(300)], [5]]
+    _decode_both(model, native, prompts, steps=4)
+    _decode_both(model, native, prompts[:1], steps=3)
+
+
 def _kind(qtype: Q) -> int:
     """decode.cpp's NarrowKind for a projection stored as `qtype`: int8 (0), int4 (1), int5
-    (3), q8 (4); an int4 pair (2) is a fused projection mixing Q8_0 with other blocks."""
+    (3), q8 (4), int4 / int5 with the K types' own scales (6, 7), q6 (8); an int4 pair (2) is
+    a fused projection mixing Q8_0 with other blocks."""
     if not PLAN.int4:
         return 0
-    return {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q4_K: 1, Q.Q5_0: 3, Q.Q5_1: 3, Q.Q5_K: 3, Q.Q8_0: 4}.get(qtype, 0)
+    return {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q4_K: 6, Q.Q5_0: 3, Q.Q5_1: 3, Q.Q5_K: 7, Q.Q8_0: 4, Q.Q6_K: 8}.get(qtype, 0)
 
 
 def _kinds(qtypes: dict) -> list[int]:

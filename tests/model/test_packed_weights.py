@@ -278,7 +278,8 @@ def test_mxfp4_gemm_is_the_file_weight_times_x() -> None:
 def test_block_types_pick_the_narrowest_exact_form() -> None:
     """Per fused weight: all 4-bit blocks int4; 5-bit (with 4-bit) int5; Q8_0 with Q5_0 / Q4_0
     (Gemma's q|k|v) q8; Q8_0 beside Q4_K int4 pairs; MXFP4 its own, beside Q8_0 q8; Q6_K
-    alone q6, beside Q4_K torch's int8 (requantized). Q4_K / Q5_K alone keep their own scales."""
+    alone q6; beside others, a stack of each run's exact form (a Q4_K_M file's q|k|v with a
+    Q6_K v). Q4_K / Q5_K alone keep their own scales."""
     from ignis.model.packed import _build_linear, _Raw
     from ignis.model.weight_plan import WeightPlan
 
@@ -290,7 +291,8 @@ def test_block_types_pick_the_narrowest_exact_form() -> None:
     plan = WeightPlan("quantized", int4=True)
     cases = {("Q4_K", "Q4_0"): "int4", ("Q5_0", "Q4_K"): "int5", ("Q5_K",): "int5", ("Q5_0", "Q8_0"): "q8",
              ("Q8_0",): "q8", ("Q8_0", "Q4_K"): "int4x2", ("MXFP4",): "mxfp4", ("MXFP4", "Q8_0"): "q8",
-             ("Q4_K",): "int4", ("Q4_K", "Q4_K"): "int4", ("Q6_K",): "q6", ("Q6_K", "Q6_K"): "q6", ("Q4_K", "Q6_K"): "int8"}
+             ("Q4_K",): "int4", ("Q4_K", "Q4_K"): "int4", ("Q6_K",): "q6", ("Q6_K", "Q6_K"): "q6", ("Q4_K", "Q4_K", "Q6_K"): "int4+q6",
+             ("Q6_K", "Q4_0"): "q6+int4"}
     for types, form in cases.items():
         parts = [part(Q[t]) for t in types]
         op = _build_linear(parts, None, plan)
