@@ -177,13 +177,15 @@ def _unblocked(t: torch.Tensor, n0: int, n1: int, groups: int) -> torch.Tensor:
 
 def _gathered(t: torch.Tensor, rows: torch.Tensor, groups: int) -> torch.Tensor:
     """Rows `rows` (any, in their order) of a _blocked tensor [N, ...]: [len(rows), groups, unit...]."""
-    n = t.shape[0]
+    return t.reshape(t.shape[0] * groups, -1)[_gather_index(t.shape[0], rows, groups)]
+
+
+def _gather_index(n: int, rows: torch.Tensor, groups: int) -> torch.Tensor:
+    """Where rows `rows`' units lie in a _blocked tensor of n rows' `groups` units: [len(rows), groups]."""
     n8 = n // 8 * 8
-    units = t.reshape(n * groups, -1)
     row = rows.long()[:, None]
     g = torch.arange(groups)[None, :]
-    idx = torch.where(row < n8, (row // 8 * groups + g) * 8 + row % 8, row * groups + g)
-    return units[idx]
+    return torch.where(row < n8, (row // 8 * groups + g) * 8 + row % 8, row * groups + g)
 
 
 class _Scales:
@@ -355,20 +357,23 @@ class Q6Linear(PackedLinear):
         return self._values(n1 - n0, lambda t, groups: _unblocked(t, n0, n1, groups)).to(dtype)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` of W, fp32 (an embedding's lookups)."""
-        return self._values(ids.numel(), lambda t, groups: _gathered(t, ids.reshape(-1), groups))
+        """Rows `ids` of W, fp32 (an embedding's lookups, the head's refined candidates): one
+        gather index per granularity, reused for the four tensors."""
+        n, groups = self.nibbles.shape[0], self.in_features // GROUP
+        ids = ids.reshape(-1)
+        index = {g: _gather_index(n, ids, g) for g in (groups, groups // 8)}
+        return self._values(ids.numel(), lambda t, g: t.reshape(n * g, -1)[index[g]])
 
     def _values(self, n: int, take: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
         groups = self.in_features // GROUP
-        b = take(self.nibbles, groups)
-        low = torch.stack((b & 15, b >> 4), dim=-1).view(n, groups, GROUP)
-        hb = take(self.high_bits, groups)  # [n, G, 8]
-        pairs = torch.stack([(hb >> s) & 3 for s in (0, 2, 4, 6)], dim=-1)  # [n, G, 8, 4]: 2j, 2j + 1, 2j + 16, 2j + 17
-        high = torch.cat((pairs[..., 0:2].reshape(n, groups, 16), pairs[..., 2:4].reshape(n, groups, 16)), dim=-1)
-        q = (low | (high << 4)).float() - 32
-        sc = take(self.sixteens, groups).float().view(n, groups, 2).repeat_interleave(16, dim=-1)  # [n, G, 32]
-        d = take(self.supers, groups // 8).view(n, groups // 8, 1).repeat_interleave(8, dim=1)
-        return ((d * sc) * q).view(n, self.in_features)
+        b = take(self.nibbles, groups)  # [n, G, 16]: elements 2i (low nibble) and 2i + 1
+        hb = take(self.high_bits, groups)  # [n, G, 8]: byte j's bits: 2j, 2j + 1, 2j + 16, 2j + 17
+        pairs = torch.stack([(hb >> s) & 3 for s in (0, 2, 4, 6)], dim=-1).reshape(n, groups, 8, 2, 2)
+        high = pairs.permute(0, 1, 3, 2, 4).reshape(n, groups, GROUP)  # (half, j, odd): element order
+        q = (torch.stack((b & 15, b >> 4), dim=-1).reshape(n, groups, GROUP) | (high << 4)).float() - 32
+        sc = take(self.sixteens, groups).float().reshape(n, groups // 8, 8, 2, 1)
+        d = take(self.supers, groups // 8).reshape(n, groups // 8, 1, 1, 1)
+        return ((d * sc) * q.reshape(n, groups // 8, 8, 2, 16)).reshape(n, self.in_features)
 
 
 class StackedLinear(PackedLinear):
