@@ -248,7 +248,7 @@ _TYPE_FATE = {
     QT.Q5_0: "int5 exact, or int8 + block scales beside Q8_0",
     QT.Q5_1: "int5 exact",
     QT.Q5_K: "int5 exact",
-    QT.Q6_K: "q6 exact (beside other types requantized to int8 per row); the embedding table in its blocks, exact",
+    QT.Q6_K: "q6 exact (beside other types, a stack of each part's form); a table held once as q6, exact",
 }
 
 

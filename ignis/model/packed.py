@@ -15,8 +15,8 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
                one exact op per run of parts, outputs side by side.
   Int4PairLinear  5- to 8-bit blocks exactly as two int4 weights (q = 16 hi + lo), 1.5 bytes
                a weight: only Q8_0 fused beside blocks with offsets (Q4_K, Q5_K, ...).
-  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types: Q6_K
-               fused beside other block types; F16/BF16/F32; and 4-bit blocks where the
+  Int8Linear   torch's int8 weight-only GEMM, one scale per output row (other types:
+               F16/BF16/F32, stacks whose parts have no exact form; and 4-bit blocks where the
                native op cannot be built: requantized, a small loss).
   Bf16Linear / Fp16Linear / Fp32Linear   kept wide copies: oneDNN bf16, fbgemm fp16 weights
                with fp32 activations, oneDNN fp32.
