@@ -325,10 +325,11 @@ class Int5Linear(PackedLinear):
 class Q6Linear(PackedLinear):
     """Q6_K exactly, 0.83 bytes a weight as in the file: w = d * sc * (q - 32), q in [0, 64),
     an int8 scale sc per 16 inputs and an fp32 d per 256. Int4Linear's nibbles hold q's low
-    four bits; the high two go eight bytes a group (byte j: elements 2j, 2j + 1, 2j + 16,
-    2j + 17, two bits each), the scales [N, K/32, 2] and d [N, K/256] beside them, all
-    _blocked (kernels/cpu/quant_gemm.h's kQ6, multiplied into x as bytes like MXFP4, whose
-    bias + 32 comes back out per group). Widened and multiplied densely from WIDEN_ROWS rows."""
+    four bits; the high two go eight bytes a group (byte j: elements 2j + 1, 2j + 17, 2j,
+    2j + 16, two bits each), the scales [N, K/32, 2] and d [N, K/256] beside them, all
+    _blocked (kernels/cpu/quant_gemm.h's kQ6: multiplied into x as bytes, the bias + 32 taken
+    out per four products and sc applied in the integer sums). Widened and multiplied densely
+    from WIDEN_ROWS rows."""
 
     form = "q6"
 
@@ -339,7 +340,7 @@ class Q6Linear(PackedLinear):
         groups = k // GROUP
         self.nibbles = _nibbles(q)
         h = ((q >> 4) & 3).reshape(n, groups, GROUP)
-        high = h[..., 0:16:2] | (h[..., 1:16:2] << 2) | (h[..., 16:32:2] << 4) | (h[..., 17:32:2] << 6)
+        high = h[..., 1:16:2] | (h[..., 17:32:2] << 2) | (h[..., 0:16:2] << 4) | (h[..., 16:32:2] << 6)
         self.high_bits = torch.from_numpy(_blocked(high.astype(np.uint8)))
         self.sixteens = torch.from_numpy(_blocked(np.ascontiguousarray(sc, dtype=np.int8).reshape(n, groups, 2)))
         self.supers = torch.from_numpy(_blocked(np.ascontiguousarray(d, dtype=np.float32).reshape(n, groups // 8)))
@@ -367,8 +368,8 @@ class Q6Linear(PackedLinear):
     def _values(self, n: int, take: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
         groups = self.in_features // GROUP
         b = take(self.nibbles, groups)  # [n, G, 16]: elements 2i (low nibble) and 2i + 1
-        hb = take(self.high_bits, groups)  # [n, G, 8]: byte j's bits: 2j, 2j + 1, 2j + 16, 2j + 17
-        pairs = torch.stack([(hb >> s) & 3 for s in (0, 2, 4, 6)], dim=-1).reshape(n, groups, 8, 2, 2)
+        hb = take(self.high_bits, groups)  # [n, G, 8]: byte j's bits: 2j + 1, 2j + 17, 2j, 2j + 16
+        pairs = torch.stack([(hb >> s) & 3 for s in (4, 0, 6, 2)], dim=-1).reshape(n, groups, 8, 2, 2)
         high = pairs.permute(0, 1, 3, 2, 4).reshape(n, groups, GROUP)  # (half, j, odd): element order
         q = (torch.stack((b & 15, b >> 4), dim=-1).reshape(n, groups, GROUP) | (high << 4)).float() - 32
         sc = take(self.sixteens, groups).float().reshape(n, groups // 8, 8, 2, 1)

@@ -17,9 +17,10 @@
 //        super-block of eight groups, s = sc * d and o = m * -dmin: exactly so's values
 //   kQ6  W[n, k] = d[n, k / 256] * sc[n, k / 16] * (q - 32), q in [0, 64) (Q6_K exactly, 0.83
 //        bytes a weight as the file's): kQ4's nibbles hold q's low four bits, hb [N, K/32, 8]
-//        uint8 the high two (byte i of a group's eight: bits 0-1 element 2i's, 2-3 element
-//        2i + 1's, 4-5 and 6-7 those of elements 2i + 16 and 2i + 17), sc [N, K/32, 2] int8
-//        (each 16's scale) and d [N, K/256] fp32 per super-block (the ds layout)
+//        uint8 the high two (byte i of a group's eight: bits 0-1 element 2i + 1's, 2-3 element
+//        2i + 17's, 4-5 element 2i's, 6-7 element 2i + 16's: where the AVX2 body's shifts of
+//        whole 64-bit lanes put them), sc [N, K/32, 2] int8 (each 16's scale) and d [N, K/256]
+//        fp32 per super-block (the ds layout)
 //   kMX4 W[n, k] = e2m1(q) * 2^(e[n, g] - 127) (MXFP4: gpt-oss's experts): kQ4's nibbles,
 //        each an e2m1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; bit 3 the sign),
 //        and e: [N, K/32] uint8 exponents (e8m0), laid out as kQ4's pairs: 0.53 bytes a weight.
@@ -113,7 +114,7 @@ struct Weights {
 
   // kQ6: row n's element k as q - 32 (in [-32, 32)) and its sixteen's scale d * sc.
   int q6(int64_t n, int64_t k) const {
-    const int64_t u = unit(n, k / kGroup), i = (k % kGroup) / 2, j = i % 8, shift = 2 * (k % 2) + 4 * (i / 8);
+    const int64_t u = unit(n, k / kGroup), i = (k % kGroup) / 2, j = i % 8, shift = (k % 2 ? 0 : 4) + 2 * (i / 8);
     const uint8_t byte = q[16 * u + i];
     return ((k % 2 ? byte >> 4 : byte & 15) | (((hb[8 * u + j] >> shift) & 3) << 4)) - 32;
   }
@@ -204,21 +205,23 @@ constexpr bool byte_x(Format f) {
 // per group 64 int8, the 16 even elements' l, the 16 odd ones' l, then their h (xq = 256 h
 // + l, 14-bit xq), and xp; kMX4 adds xc [T, G, 4] int32: -12 times each 4-lane's sum of xq
 // (lane j: elements 2i and 2i + 1, i in [4j, 4j + 4)), with xp halved (its weights come
-// doubled); kQ4/kQ5 keep xs (their offsets' term).
+// doubled); kQ6 xb (above); kQ4/kQ5 keep xs (their offsets' term).
 struct Split {
   std::vector<float> xe, xo, xs;
   const float* xn = nullptr;
   std::vector<int16_t> xq;
   std::vector<int8_t> x8;
   std::vector<int32_t> xc;
+  std::vector<int16_t> xb;  // kQ6: per group, 32 times each int16 lane's four l, then h (its + 32 bias)
   std::vector<float> xp;
   int64_t T, K, K2, G;
 
   Split(const float* x, int64_t T_, int64_t K_, Format f) : T(T_), K(K_), K2(K_ / 2), G(K_ / kGroup) {
-    const bool interleaved = f != kQ8, int16 = int16_x(f), mx4 = f == kMX4, biased = mx4 || f == kQ6;
+    const bool interleaved = f != kQ8, int16 = int16_x(f), mx4 = f == kMX4, q6 = f == kQ6;
     if (byte_x(f)) {
       x8.resize(T * G * 64);
-      if (biased) xc.resize(T * G * 4);
+      if (mx4) xc.resize(T * G * 4);
+      else if (q6) xb.resize(T * G * 16);
       else xs.resize(T * G);
       xp.resize(T * G);
       int16_t v[kGroup];
@@ -232,17 +235,24 @@ struct Split {
             b[i] = int8_t(v[i] - 256 * h);
             b[32 + i] = int8_t(h);
           }
-          if (!biased) {
+          if (q6) {  // 32 times each int16 lane's four l (then h): elements 4k .. 4k + 3
+            for (int k = 0; k < 8; ++k) {
+              xb[tg * 16 + k] = int16_t(32 * (b[2 * k] + b[2 * k + 1] + b[16 + 2 * k] + b[17 + 2 * k]));
+              xb[tg * 16 + 8 + k] = int16_t(32 * (b[32 + 2 * k] + b[33 + 2 * k] + b[48 + 2 * k] + b[49 + 2 * k]));
+            }
+            continue;
+          }
+          if (!mx4) {
             float sum = 0.0f;
             for (int64_t k = 0; k < kGroup; ++k) sum += x[t * K + g * kGroup + k];
             xs[tg] = sum;
             continue;
           }
-          if (mx4) xp[tg] *= 0.5f;
-          for (int j = 0; j < 4; ++j) {  // the weights' bias (kMX4: + 12, kQ6: + 32) taken back out
+          xp[tg] *= 0.5f;
+          for (int j = 0; j < 4; ++j) {  // the weights' bias (+ 12) taken back out
             int32_t sum = 0;
             for (int i = 4 * j; i < 4 * j + 4; ++i) sum += v[i] + v[16 + i];
-            xc[tg * 4 + j] = (mx4 ? -12 : -32) * sum;
+            xc[tg * 4 + j] = -12 * sum;
           }
         }
       return;
@@ -669,15 +679,13 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
       if constexpr (F == kMX4) {
         lo = _mm256_shuffle_epi8(lut, lo);
         hi = _mm256_shuffle_epi8(lut, hi);
-      } else if constexpr (F == kQ6) {  // the high two bits, << 4 (hb's bytes: 2i's lanes, then 2i + 16's)
+      } else if constexpr (F == kQ6) {  // the high two bits at 4-5: each row's eight bytes in both 64-bit lanes of its half
         const __m128i v = NB == 8 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.hb + 8 * (u + 2 * p)))
                                   : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.hb + 8 * u));
-        const __m128i v4 = _mm_srli_epi16(v, 4);
-        const __m256i t = NB == 8 ? _mm256_setr_m128i(_mm_unpacklo_epi64(v, v4), _mm_unpackhi_epi64(v, v4))
-                                  : _mm256_broadcastsi128_si256(_mm_unpacklo_epi64(v, v4));
-        const __m256i three = _mm256_set1_epi8(3);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(t, three), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(t, 2), three), 4));
+        const __m256i t = _mm256_permute4x64_epi64(_mm256_castsi128_si256(v), NB == 8 ? 0x50 : 0x00);
+        const __m256i bits45 = _mm256_set1_epi8(0x30);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 2, 0, 2)), bits45));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_sllv_epi64(t, _mm256_setr_epi64x(4, 2, 4, 2)), bits45));
       } else if constexpr (F == kQ5) {  // + 16 where an element's fifth bit is set
         const __m256i words = NB == 8 ? _mm256_setr_m128i(_mm_set1_epi32(int32_t(w.qh[u + 2 * p])),
                                                           _mm_set1_epi32(int32_t(w.qh[u + 2 * p + 1])))
@@ -690,24 +698,30 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
         hi = _mm256_or_si256(hi, fifth(odd_bytes));
       }
       const __m256i pair = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
-      __m256 lanes6;  // kQ6: each lane's sixteen's scale d * sc (lanes 0-1 of a row: elements 0-15, 2-3: 16-31)
+      __m256i s16, s256;  // kQ6: each int16 lane's sixteen's scale sc, and 256 sc (lanes 0-3 of a half: elements 0-15)
       if constexpr (F == kQ6) {
         int32_t four = 0;  // rows 2p and 2p + 1's two scales each (one row's two, for NB = 1)
         std::memcpy(&four, w.sc + 2 * (u + 2 * p), NB == 8 ? 4 : 2);
-        const __m128i each = _mm_shuffle_epi8(_mm_cvtsi32_si128(four), _mm_setr_epi8(0, 0, 1, 1, NB == 8 ? 2 : 0, NB == 8 ? 2 : 0,
-                                                                                         NB == 8 ? 3 : 1, NB == 8 ? 3 : 1, 0, 0, 0, 0, 0, 0, 0, 0));
-        lanes6 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(each)), NB == 8 ? _mm256_permutevar8x32_ps(ws, pair) : ws);
+        constexpr char a = 0, b = 1, c = NB == 8 ? 2 : 0, e = NB == 8 ? 3 : 1, z = char(0x80);
+        s256 = _mm256_shuffle_epi8(_mm256_set1_epi32(four), _mm256_setr_epi8(z, a, z, a, z, a, z, a, z, b, z, b, z, b, z, b,
+                                                                              z, c, z, c, z, c, z, c, z, e, z, e, z, e, z, e));
+        s16 = _mm256_srai_epi16(s256, 8);
       }
       for (int t = 0; t < TB; ++t) {
         const int64_t tg = (t0 + t) * G + g;
         const int8_t* xb = x.x8.data() + tg * 64;
-        __m256 wp;
-        if constexpr (F == kQ6) wp = _mm256_mul_ps(lanes6, _mm256_set1_ps(x.xp[tg]));
-        else wp = NB == 8 ? _mm256_permutevar8x32_ps(wsx[t], pair) : wsx[t];
-        const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb)), _mm256_maddubs_epi16(hi, wide(xb + 16)));
-        const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb + 32)), _mm256_maddubs_epi16(hi, wide(xb + 48)));
-        __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(l, one), _mm256_madd_epi16(h, high));
-        if constexpr (F == kMX4 || F == kQ6) sum = _mm256_add_epi32(wide(x.xc.data() + tg * 4), sum);
+        const __m256 wp = NB == 8 ? _mm256_permutevar8x32_ps(wsx[t], pair) : wsx[t];
+        __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb)), _mm256_maddubs_epi16(hi, wide(xb + 16)));
+        __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xb + 32)), _mm256_maddubs_epi16(hi, wide(xb + 48)));
+        __m256i sum;
+        if constexpr (F == kQ6) {  // (q - 32) x per four (within int16: 4 * 32 * 128), times sc in the madd
+          l = _mm256_sub_epi16(l, wide(x.xb.data() + tg * 16));
+          h = _mm256_sub_epi16(h, wide(x.xb.data() + tg * 16 + 8));
+          sum = _mm256_add_epi32(_mm256_madd_epi16(l, s16), _mm256_madd_epi16(h, s256));
+        } else {
+          sum = _mm256_add_epi32(_mm256_madd_epi16(l, one), _mm256_madd_epi16(h, high));
+        }
+        if constexpr (F == kMX4) sum = _mm256_add_epi32(wide(x.xc.data() + tg * 4), sum);
         acc[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), wp, acc[p][t]);
       }
     }
