@@ -738,8 +738,8 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     """One GEMM op over row-stacked parts (q|k|v, gate|up, or one weight): the narrowest
     form that holds every part's values exactly (MXFP4 0.53 bytes a weight, int4 0.75, int5
     0.875, q8 1.06 for Q8_0 (and MXFP4 beside it), int4 pairs 1.5 for Q8_0 beside other
-    blocks), q6 0.83 for Q6_K alone, else int8 requantized per row (Q6_K beside other types,
-    float types: 1 byte, not the file's values)."""
+    blocks), q6 0.83 for Q6_K, a stack of those for parts no one form holds (StackedLinear),
+    else int8 requantized per row (float types: 1 byte, not the file's values)."""
     if plan.form == "mixed":
         narrow = _build_linear(parts, None, replace(plan, form="quantized"))
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
@@ -748,13 +748,16 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     cols = parts[0].shape[-1]
     types = {p.qtype for p in parts}
     torch_int4 = rows % 16 == 0  # what torch's int4 packing takes, where the native op is not built
-    # Q4_K / Q5_K alone keep the file's six-bit scales (the native op's; torch's int4 takes pairs)
-    k_scales = tuple(_stacked(parts, decode_k_scales)) if types <= K_SCALE_TYPES and cols % 256 == 0 else None
-    if plan.form == "quantized" and plan.int4 and types <= INT4_TYPES and (torch_int4 or cpu_native.load()):
-        return Int4Linear(*_stacked(parts, decode_int4), bias, widen_to, k_scales=k_scales)
     native = plan.form == "quantized" and plan.int4 and cpu_native.load()
+
+    def k_scales() -> tuple[np.ndarray, ...] | None:
+        """Q4_K / Q5_K alone keep the file's six-bit scales (the native op's; torch's int4 takes pairs)."""
+        return tuple(_stacked(parts, decode_k_scales)) if native and types <= K_SCALE_TYPES and cols % 256 == 0 else None
+
+    if plan.form == "quantized" and plan.int4 and types <= INT4_TYPES and (torch_int4 or native):
+        return Int4Linear(*_stacked(parts, decode_int4), bias, widen_to, k_scales=k_scales())
     if native and types <= INT4_TYPES | INT5_TYPES:
-        return Int5Linear(*_stacked(parts, _decode_int), bias, widen_to, k_scales=k_scales)
+        return Int5Linear(*_stacked(parts, _decode_int), bias, widen_to, k_scales=k_scales())
     if native and types == {QT.MXFP4}:
         return Mx4Linear(*_stacked(parts, lambda raw, _, c: decode_mxfp4_nibbles(raw, c)), bias, widen_to)
     if native and types <= Q8_TYPES and all(p.qtype != QT.MXFP4 or mxfp4_fits_q8(p.data, cols) for p in parts):
@@ -767,7 +770,7 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     if native and len(types) > 1:  # each run of one block type exactly, where every run has an exact form
         runs = [list(g) for _, g in itertools.groupby(parts, key=lambda p: p.qtype)]
         ops = [_build_linear(run, None, plan) for run in runs]
-        if not any(isinstance(op, Int8Linear | StackedLinear | Int4PairLinear) for op in ops):
+        if not any(isinstance(op, Int8Linear) for op in ops):  # (a run of one type is never a stack or a pair)
             return StackedLinear(ops, [sum(p.shape[0] for p in run) for run in runs], bias, widen_to)
     if plan.form == "quantized":
         return Int8Linear(_dense(parts), bias, widen_to)

@@ -174,11 +174,12 @@ struct Gemms {
       }
       // a stack: [P, 2] int64 (kind, rows) per part, then the parts' tensors
       TORCH_CHECK(i < int64_t(narrow.size()) && narrow[i].dim() == 2 && narrow[i].size(1) == 2 &&
-                      narrow[i].scalar_type() == at::kLong,
+                      narrow[i].scalar_type() == at::kLong && narrow[i].is_contiguous(),
                   "decode_layers: a stack starts with its parts' (kind, rows) [P, 2] int64");
       const at::Tensor parts = narrow[i++];
+      const int64_t* meta = parts.data_ptr<int64_t>();
       for (int64_t p = 0; p < parts.size(0); ++p) {
-        const int64_t pk = parts[p][0].item<int64_t>();
+        const int64_t pk = meta[2 * p];
         TORCH_CHECK(pk != kInt8 && pk != kInt4Pair && pk >= kInt4 && pk <= kQ6, "decode_layers: kind ", pk, " in a stack");
         i += tensors_of(pk);
       }
