@@ -13,6 +13,7 @@ characters, so fusing is blocked without touching every text that ends in "<" or
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import secrets
@@ -57,13 +58,13 @@ class Neutralizer:
         tokens = sorted({t for t in control_tokens if t}, key=len, reverse=True)
         # Longest first, so a token wins over a token it contains.
         self._pattern = re.compile("|".join(map(re.escape, tokens))) if tokens else None
-        self._heads = {t[:k] for t in tokens for k in range(2, len(t))}  # proper prefixes
-        self._tails = {t[k:] for t in tokens for k in range(1, len(t) - 1)}  # proper suffixes
+        # Proper prefixes (heads) and suffixes (tails) of the tokens, at least two characters,
+        # looked up by bisection in the sorted tokens (tails: reversed): a set of every
+        # fragment, or a regex of them, grew with the tokens' squared lengths (a vocabulary of
+        # 79k reserved tokens took 660 MB).
+        self._sorted = sorted(tokens)
+        self._reversed = sorted(t[::-1] for t in tokens)
         self._longest = len(tokens[0]) if tokens else 0
-        # The edge searches as regexes (longest alternative first: a match is the longest
-        # fragment there): tails matched at a string's start, heads reversed at its end.
-        self._tail_at = _longest_first(self._tails)
-        self._head_at_end = _longest_first(h[::-1] for h in self._heads)
         # Strings found free of markup. Shared by the server's worker threads: each set
         # operation is atomic, and a lost update only costs a rescan.
         self._clean: set[str] = set()
@@ -115,11 +116,14 @@ class Neutralizer:
         # Longest fragment at each (whitespace-trimmed) edge, unless a whole token is there:
         # the longest k <= limit with s[start:start + k] in tails, and with s[end - k:end] in heads.
         head = tail = 0
-        if limit >= 2:
-            if self._tail_at is not None and (m := self._tail_at.match(s, start, start + limit)):
-                head = m.end() - start
-            if self._head_at_end is not None and (m := self._head_at_end.match(s[end - limit : end][::-1])):
-                tail = m.end()
+        for k in range(limit, 1, -1):
+            if _proper_prefix(s[start : start + k][::-1], self._reversed):  # a token's tail opens s
+                head = k
+                break
+        for k in range(limit, 1, -1):
+            if _proper_prefix(s[end - k : end], self._sorted):  # a token's head ends s
+                tail = k
+                break
         if head and not any(a < start + head and b > start for a, b in spans):
             spans.append((start, start + head))
         if tail and not any(a < end and b > end - tail for a, b in spans):
@@ -137,9 +141,14 @@ class Neutralizer:
         return "".join(pieces)
 
 
-def _longest_first(texts: Iterable[str]) -> re.Pattern[str] | None:
-    texts = sorted(set(texts), key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, texts))) if texts else None
+def _proper_prefix(x: str, words: list[str]) -> bool:
+    """Whether x is a proper prefix of some string in `words` (sorted): those starting with x
+    follow x's place in the order, x itself first if it is one."""
+    i = bisect.bisect_left(words, x)
+    for w in words[i : i + 2]:
+        if w.startswith(x) and len(w) > len(x):
+            return True
+    return False
 
 
 def _strings(value: Any) -> Iterable[str]:

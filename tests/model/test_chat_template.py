@@ -518,7 +518,7 @@ def test_neutralizer_remembers_clean_strings_only(monkeypatch) -> None:
 
 
 def test_neutralizer_edge_fragments_are_the_longest_at_each_edge() -> None:
-    """The edge search (regexes) against its definition: the longest proper suffix of a
+    """The edge search (bisection in the sorted tokens) against its definition: the longest proper suffix of a
     token at a string's trimmed start, the longest proper prefix at its end, unless a
     whole token overlaps it."""
     import random
@@ -527,15 +527,17 @@ def test_neutralizer_edge_fragments_are_the_longest_at_each_edge() -> None:
 
     tokens = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>"]
     guard = Neutralizer(tokens)
+    heads = {t[:k] for t in tokens for k in range(2, len(t))}  # proper prefixes of two or more
+    tails = {t[k:] for t in tokens for k in range(1, len(t) - 1)}  # proper suffixes of two or more
 
     def definition(s: str) -> list[tuple[int, int]]:
         spans = [m.span() for m in guard._pattern.finditer(s)]
         start, end = len(s) - len(s.lstrip()), len(s.rstrip())
         limit = min(guard._longest - 1, end - start)
-        head = next((k for k in range(limit, 1, -1) if s[start : start + k] in guard._tails), 0)
+        head = next((k for k in range(limit, 1, -1) if s[start : start + k] in tails), 0)
         if head and not any(a < start + head and b > start for a, b in spans):
             spans.append((start, start + head))
-        tail = next((k for k in range(limit, 1, -1) if s[end - k : end] in guard._heads), 0)
+        tail = next((k for k in range(limit, 1, -1) if s[end - k : end] in heads), 0)
         if tail and not any(a < end and b > end - tail for a, b in spans):
             spans.append((end - tail, end))
         return sorted(set(spans))
@@ -581,3 +583,25 @@ def test_family_standard_template_when_the_file_has_none(tmp_path: Path) -> None
     assert ChatTemplate.from_gguf(path).fallback_name == "chatml"
     with pytest.raises(ChatTemplateError, match="no standard chat template"):
         ChatTemplate(None, fallback="nope")
+
+
+def test_a_vocabulary_of_many_reserved_tokens_keeps_the_neutralizer_small() -> None:
+    """Llama 3's reserved tokens (a file may carry ~79k of them): the edge search holds the
+    tokens, not every fragment of them (a set and regexes of those took 660 MB), and still
+    finds a fragment at each edge."""
+    import tracemalloc
+
+    from ignis.model.client_text import Neutralizer
+
+    tokens = [f"<|reserved_special_token_{i}|>" for i in range(80_000)]
+    tracemalloc.start()
+    try:
+        guard = Neutralizer(tokens)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # (measured: 16 MB held, 179 MB at the peak, the whole tokens' regex compiling; the
+    # fragments' set and regexes held 646 MB and peaked at 4.2 GB)
+    assert held < 64 * 2**20 and peak < 512 * 2**20, (held, peak)
+    assert guard._risky_spans("special_token_7|> text <|reserved_spe") == [(0, 17), (23, 37)]
+    assert guard._risky_spans("a <|reserved_special_token_79999|> b") == [(2, 34)]
