@@ -213,3 +213,10 @@ def _load() -> bool:
         _build(cxx, path)
     torch.ops.load_library(str(path))
     return hasattr(torch.ops.ignis_cpu, "decode_layers")
+
+
+def many_rows() -> int:
+    """The fewest rows from which the op's Q4_K / Q6_K GEMMs take their many-row body
+    (kernels/cpu/quant_gemm_many.h: 8-bit activations, faster than any dense GEMM here at
+    every row count), or 0 where the op is not built or has none (AVX-512, non-x86)."""
+    return int(torch.ops.ignis_cpu.quant_gemm_many_rows()) if load() else 0

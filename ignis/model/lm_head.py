@@ -13,7 +13,9 @@ which at one sampling row makes it the largest single cost of a decode step. Two
           (experiments/RESULTS.md). Full 8-bit activations need VNNI: without
           it fbgemm's products pass a saturating 16-bit add, and 7-bit activations
           (torch's reduce_range) keep them exact at twice the rounding. A large Q8_0
-          table is multiplied as it is instead (ignis/model/packed.py's Q8Linear: no copy).
+          table is multiplied as it is instead (ignis/model/packed.py's Q8Linear: no copy),
+          and a large Q6_K one (Q6Linear), which on AVX2 CPUs serves every row count
+          itself (its many-row GEMM, faster than the wide one: then no wide copy either).
   wide    (more rows, or no narrow GEMM): the plan's wide GEMM (oneDNN bf16, else fbgemm
           fp16, else fp32: ignis/model/weight_plan.py), the more accurate of the two (the
           int8 GEMM's activation rounding moves logits ~4% of the largest, bf16's ~0.5%).

@@ -23,7 +23,9 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
   MixedLinear  a narrow (int4/int5/q8/int8) and a wide op over one weight, chosen by the step's rows.
 Steps of WIDEN_ROWS rows or more (prefill chunks) through a narrow op widen its weight
 for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster there, no
-copy kept. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
+copy kept. Where the native op has a many-row body for the op's blocks (`many`: Q4_K and
+Q6_K on AVX2 CPUs without AVX-512; kernels/cpu/quant_gemm_many.h, 8-bit activations per
+256 as llama.cpp's) every step goes through it instead, and `mixed` keeps no copy of it. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
 fp32 at decode sizes): each op casts its input to what its kernel takes. The LM head is
 ignis/model/lm_head.py's.
 The embedding table keeps the file's form (Q8_0: int8 values with their block scales;
@@ -106,6 +108,10 @@ class PackedLinear:
     nbytes = 0
     bias: torch.Tensor | None = None
     in_features = 0
+    # Whether the native op multiplies steps of any row count by this weight's own values
+    # (quant_gemm_many.h: Q4_K and Q6_K on AVX2 CPUs), faster than a dense GEMM over a
+    # widened or kept wide copy there: then no copy is made, for prefill chunks or batches.
+    many = False
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -115,11 +121,13 @@ class PackedLinear:
         return y if self.bias is None else y + self.bias
 
     def dense(self) -> torch.Tensor:
-        """W as fp32 [N, K] (tests and accuracy checks; computed through the op itself)."""
+        """W as fp32 [N, K] (tests and accuracy checks; computed through the op itself, its
+        exact GEMM: a many-row op's identity goes in steps of fewer rows than its 8-bit body takes)."""
         eye = torch.eye(self.in_features)
+        step = max(1, cpu_native.many_rows() - 1) if self.many else self.in_features
         bias, self.bias = self.bias, None
         try:
-            return self(eye).t().contiguous()
+            return torch.cat([self(eye[i : i + step]) for i in range(0, self.in_features, step)]).t().contiguous()
         finally:
             self.bias = bias
 
@@ -269,9 +277,10 @@ class Int4Linear(PackedLinear):
         self.bias = bias
         self.nbytes = self.nibbles.numel() + self.scales.nbytes + (
             0 if self.packed is None else self.packed.numel() + self.torch_scales_zeros.numel() * 2)
+        self.many = self.native and self.scales.sm is not None and self.in_features % 256 == 0 and cpu_native.many_rows() > 0
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS:
+        if x.shape[0] >= WIDEN_ROWS and not self.many:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
         if self.packed is None:
             return self.scales.gemm(x, self.nibbles, None, 4)
@@ -347,9 +356,10 @@ class Q6Linear(PackedLinear):
         self.widen_to = widen_to
         self.bias = bias
         self.nbytes = self.nibbles.numel() + self.high_bits.numel() + self.sixteens.numel() + 4 * self.supers.numel()
+        self.many = cpu_native.many_rows() > 0
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS:
+        if x.shape[0] >= WIDEN_ROWS and not self.many:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
         return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, self.high_bits, self.sixteens, 6, self.supers)
 
@@ -393,9 +403,10 @@ class StackedLinear(PackedLinear):
         self.widen_to = widen_to
         self.bias = bias
         self.nbytes = sum(op.nbytes for op in ops)
+        self.many = all(op.many for op in ops)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS:
+        if x.shape[0] >= WIDEN_ROWS and not self.many:
             return _widened_mm(x, sum(self.rows), self.widen, self.widen_to)
         return torch.cat([op._mm(x) for op in self.ops], dim=1)
 
@@ -742,6 +753,9 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     else int8 requantized per row (float types: 1 byte, not the file's values)."""
     if plan.form == "mixed":
         narrow = _build_linear(parts, None, replace(plan, form="quantized"))
+        if narrow.many:  # its own GEMM is the fast one at every row count: no copy
+            narrow.bias = bias
+            return narrow
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
     widen_to = torch.bfloat16 if plan.widen_to == "bf16" else torch.float32
     rows = sum(p.shape[0] for p in parts)
@@ -1017,7 +1031,8 @@ def _set_tables(
     table of the head's own (the file's form again: Q8_0 stays 1 byte per weight). The
     narrow GEMM is the q8 form over that Q8_0 table itself, or the q6 one over a Q6_K table
     (Q6Table), where the table is too large for the caches (no second copy), else int8 with
-    dynamic-quantized activations."""
+    dynamic-quantized activations. A q6 table with a many-row body serves every row count
+    (no wide copy: 525 MB for Llama-3.2-1B's fp16 one)."""
     model.embed_op = _table(embed, dtype)
     rows = model.embed_op if head is None else _table(head, dtype)
     few_rows_only = max_num_seqs is not None and max_num_seqs <= NARROW_ROWS
@@ -1031,7 +1046,7 @@ def _set_tables(
         head_w = torch.from_numpy((head or embed).dense())
         narrow = int8_dynamic_head(head_w, full_range=plan.head_full_range)
     wide = None
-    if narrow is None or not few_rows_only:
+    if narrow is None or not (few_rows_only or getattr(narrow, "many", False)):
         wide = wide_linear(head_w if head_w is not None else torch.from_numpy((head or embed).dense()), plan.wide)
     model.head_op = RefinedHead(rows, wide=wide, narrow=narrow)
     del head_w

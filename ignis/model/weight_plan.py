@@ -15,6 +15,9 @@ The forms (`model.weight_form`, built by ignis/model/packed.py):
   mixed      the quantized GEMMs for steps of up to NARROW_ROWS rows beside a kept `wide`
              copy for wider ones: bf16 where oneDNN has it, else fbgemm's fp16 (fp16
              weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
+             A weight whose native GEMM has a many-row body (Q4_K, Q6_K on AVX2 CPUs
+             without AVX-512: kernels.cpu_native.many_rows, 8-bit activations from 16
+             rows on) keeps no copy: its own GEMM is the faster at every row count.
 The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and for few rows
 int8 with dynamic-quantized activations (at 7 bits where the CPU lacks VNNI), or a large
 Q8_0 table's own GEMM (packed.py's Q8Linear).
@@ -125,7 +128,8 @@ def plan_weights(
     if form == "quantized":
         parts.append(f"steps of many rows widened to {widen_to}")
     if form in ("mixed", "bfloat16"):
-        parts.append(f"wide steps through a kept {wide} copy")
+        many = form == "mixed" and native and cpu_native.many_rows() > 0
+        parts.append(f"wide steps through a kept {wide} copy" + (" (none of Q4_K / Q6_K: their many-row GEMM)" if many else ""))
     parts.append(f"head {wide}" + (f" + int8 dynamic ({'8' if plan.head_full_range else '7'}-bit activations)"
                                    if head_int8 else ""))
     return replace(plan, why="; ".join(parts))

@@ -1162,6 +1162,17 @@ at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::op
   return y;
 }
 
+// The fewest rows of x from which quant_gemm's Q4_K / Q6_K GEMMs take their many-row body
+// (quant_gemm_many.h: 8-bit x per 256, as fast as a dense GEMM at any row count), or 0 where
+// this build has none (AVX-512 and non-x86 CPUs).
+int64_t many_rows_op() {
+#if IGNIS_QGEMM_MANY
+  return qgemm::kManyRows;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
 // Catch-all kernels: the mixed form's oneDNN weights are MkldnnCPU tensors, which would
@@ -1171,6 +1182,7 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
       "float scale, int window, Tensor? sinks=None) -> Tensor",
       TORCH_FN(paged_decode_attention));
+  m.def("quant_gemm_many_rows() -> int", TORCH_FN(many_rows_op));
   m.def("quant_gemm(Tensor x, Tensor q, Tensor? qh, Tensor scales, int bits, Tensor? supers=None) -> Tensor",
         TORCH_FN(quant_gemm_op));
   m.def(

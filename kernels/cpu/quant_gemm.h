@@ -56,6 +56,11 @@
 // body it replaced on a Zen 3), bit for bit the VNNI body's outputs; both are checked on any
 // x86 machine, the VNNI one through SIMDe (tests/kernels/qgemm_emulated.cpp). One load holds a group of four rows (the blocks of eight, below), and
 // the int32 sums (exact) are scaled once per group by the row's 2^e times x's power.
+//
+// Steps of many rows (kManyRows and more) of Q4_K and Q6_K on AVX2 without AVX-512 take a body
+// of their own (quant_gemm_many.h): x at 8 bits per super-block of 256, the weights' integer
+// scales inside the integer sums, fp32 once per super-block: at 64 rows 1.7-2x fbgemm's fp16
+// GEMM over a kept copy, and 2-4x the weights widened to fp32 at prefill sizes.
 
 #pragma once
 
@@ -741,6 +746,13 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
 }
 #endif
 
+#if IGNIS_QGEMM_INT16_X && !IGNIS_QGEMM_AVX512
+#define IGNIS_QGEMM_MANY 1
+#include "quant_gemm_many.h"
+#else
+#define IGNIS_QGEMM_MANY 0
+#endif
+
 // Weight rows [n0, n1) against every row of x. Nibble formats on AVX-512: eight weight rows
 // against two rows of x at a time, or four against four (each group's table and lookups then
 // serve four rows of x: the lookups, not the FMAs, are most of the work). kQ8, and every
@@ -790,6 +802,18 @@ constexpr int64_t kTileRows = 8;
 
 template <Format F>
 inline void run(const Weights& w, const float* x, int64_t T, float* y) {
+#if IGNIS_QGEMM_MANY
+  if constexpr (F == kQ4 || F == kQ6) {
+    if (many_rows(w, T)) {  // whole blocks of eight rows there; a tail of N % 8 rows below
+      const Split8 x8(x, T, w.K, F);
+      const int64_t blocks = w.N / 8, tail = blocks * 8;
+      const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / (8 * w.K * T));
+      at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) { many_rows_of<F>(w, x8, 8 * b0, 8 * b1, y); });
+      if (tail < w.N) rows<F>(w, Split(x, T, w.K, F), tail, w.N, T, y);
+      return;
+    }
+  }
+#endif
   const Split xs(x, T, w.K, F);
   // Enough weights per task to be worth a thread; a small GEMM stays on this one.
   const int64_t grain =

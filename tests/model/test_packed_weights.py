@@ -236,7 +236,10 @@ def test_q6_and_k_scale_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
             rtol = quant_gemm_rtol(5)
         assert torch.equal(op.widen(0, n, torch.float32), dense)
         eye = torch.eye(k)
-        assert torch.equal(torch.cat([op(eye[i : i + 128]) for i in range(0, k, 128)]).t(), dense)
+        step = 8  # below the many-row body's rows (its 8-bit x rounds the identity's products)
+        assert torch.equal(torch.cat([op(eye[i : i + step]) for i in range(0, k, step)]).t(), dense)
+        if op.many:  # dense() through the exact body too
+            assert torch.equal(op.dense(), dense)
         for rows in (1, 2, 3, 5, 9):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             got = op(x)
@@ -502,3 +505,53 @@ def test_blocked_rows_come_back_in_order() -> None:
         for n0, n1 in ((0, n), (0, min(8, n)), (n // 8 * 8, n), (min(8, n), n), (1, n), (3, 4)):
             if n0 < n1 <= n:
                 assert torch.equal(_unblocked(b, n0, n1, 5), torch.from_numpy(a[n0:n1])), (n, n0, n1)
+
+
+@pytest.mark.skipif(not cpu_native.load() or cpu_native.many_rows() == 0, reason="no many-row body on this CPU")
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_many_row_steps_multiply_8_bit_x_by_the_file_values(qtype: Q) -> None:
+    """From cpu_native.many_rows() rows, Q4_K and Q6_K multiply x rounded to 8 bits per 32
+    on its 256's scale (quant_gemm_many.h) by the file's values: the float64 product of that rounded x within
+    fp32 rounding, whole blocks of eight rows (a tail of N % 8 through the exact body), each
+    row of x independent of the step's others there, and within 8-bit rounding of x @ W^T."""
+    from ignis.model.packed import Q6Linear
+
+    many = cpu_native.many_rows()
+    rng = np.random.default_rng(30 + int(qtype))
+    k = 768
+    for n in (8, 100):
+        raw = _random_blocks(rng, n, k, qtype)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype).reshape(n, k))
+        if qtype == Q.Q6_K:
+            op: PackedLinear = Q6Linear(*decode_q6_k(raw, qtype, k), None)
+        else:
+            op = Int4Linear(*decode_int4(raw, qtype, k), None, k_scales=decode_k_scales(raw, qtype, k))
+        assert op.many
+        for rows in (many, many + 3, 64, 300):  # 300: past WIDEN_ROWS, no widened copy either
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.linspace(0.1, 4, k)
+            x[0, :256] = 0  # a super-block of zeros: d = 0
+            x[1, 256:288] *= 1e-3  # a group of small values beside larger ones: scaled up by 2^shift
+            x[1, 288:320] = 0
+            got = op(x)
+            n8 = n // 8 * 8
+            assert_gemm_close(got[:, :n8], _rounded_8_bit(x, 5 if qtype == Q.Q6_K else 7), dense[:n8], 2e-6)
+            if n8 < n:
+                assert_gemm_close(got[:, n8:], x, dense[n8:], quant_gemm_rtol(8))
+            assert_gemm_close(got, x, dense, 1e-2)
+            assert torch.equal(got[-many:], op(x[-many:]))
+    x = torch.randn(many - 1, k)
+    assert_gemm_close(op(x), x, dense, quant_gemm_rtol(8))  # fewer rows: the exact body
+
+
+def _rounded_8_bit(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """x as the many-row body reads it (quant_gemm_many.h's Split8): per 256, m = max |x|;
+    per 32, e = the largest in [0, shift] with the group's max |x| * 2^e <= m, q = round(x *
+    2^e * 127 / m) (half to even, as vcvtps2dq), x = q * 2^-e * m / 127, in fp32 as the kernel's."""
+    t, k = x.shape
+    v = x.view(t, k // 256, 8, 32)
+    top = v.abs().amax(dim=(-2, -1), keepdim=True)
+    group = v.abs().amax(dim=-1, keepdim=True)
+    e = sum(((group * 2.0**i) <= top).int() for i in range(1, shift + 1))
+    inv = torch.where(top > 0, 127.0 / top, torch.zeros_like(top))
+    q = torch.round(v * (inv * torch.exp2(e.float())))
+    return (q * torch.exp2(-e.float()) * (top / 127.0)).view(t, k)

@@ -1,0 +1,234 @@
+// Steps of many rows (kManyRows and more: a batch of decoding sequences) through Q4_K's and
+// Q6_K's own values on AVX2 CPUs without AVX-512, in place of a kept fp16 copy. Included by
+// quant_gemm.h inside namespace qgemm, where IGNIS_QGEMM_INT16_X and not IGNIS_QGEMM_AVX512.
+//
+// The few-row body (nibbles_avx2) keeps x at 14 bits per group of 32 (two bytes a value) and
+// scales every group's int32 sums in fp32: at one row it waits on memory, but from a few rows
+// on that arithmetic is the whole cost (83 GFLOP/s on a 2-core Zen 3, below fbgemm's fp16
+// GEMM). Here x is 8-bit, each group of 32 on its super-block's scale times a power of two
+// (Split8), so the weights' integer scales (Q4_K's 6-bit sc per 32, Q6_K's int8 per 16),
+// shifted by that power, go into vpmaddwd and a super-block's products sum exactly in int32:
+// per 32 weights and row of x two vpmaddubsw, one vpmaddwd, a shift and two adds; fp32 once
+// per super-block (d * x's d, and Q4_K's -dmin * sum m * sum x from each group's sum of x's
+// bytes). A pair of weight rows a register (a 128-bit half each, as nibbles_avx2), decoded
+// once for six rows of x. Every output is the same sum in the same order whatever the step's
+// row count (from kManyRows), so a sequence's results do not depend on which others share
+// its steps there.
+
+#pragma once
+
+constexpr int64_t kSuper = 8 * kGroup;
+// Rows from which a step takes this body: one user's decode and speculative steps (up to
+// nine rows) keep nibbles_avx2's 14-bit x; from here the 8-bit one is the faster, at every
+// row count (a 2048-row prefill chunk too: 2-4x the weights widened to fp32 for the step).
+constexpr int64_t kManyRows = 16;
+
+// Whether a GEMM goes through many_avx2: Q4_K / Q5_K's scales kept as bytes (sm) or Q6_K,
+// K a multiple of a super-block, and rows of x enough.
+inline bool many_rows(const Weights& w, int64_t T) {
+  return T >= kManyRows && w.K % kSuper == 0 && ((w.format == kQ4 && w.sm) || w.format == kQ6);
+}
+
+// How far a group of 32 may scale its x up within its super-block (below): 2^7 for Q4_K, whose
+// super-block sums stay under 2^31 at 8 * 2 * (2 * 2 * 15 * 127) * (63 * 2^7); 2^5 for Q6_K
+// (8 * 2 * (4 * 32 * 127) * (128 * 2^5)).
+constexpr int many_shift(Format f) { return f == kQ6 ? 5 : 7; }
+
+// x as int8 per group of 32 on a super-block's scale: with m the super-block's largest |x| and
+// e in [0, many_shift] the largest with the group's largest |x| * 2^e <= m, q = round(x * 2^e *
+// 127 / m), x = q * 2^-e * m / 127. A group of small values beside one of large ones keeps 8
+// bits of its own (one scale per 256 cost SmolLM2's down projections 0.3% perplexity), and
+// the 2^(shift - e) goes into the weights' integer scale (a shift of vpmaddwd's operand), so a
+// super-block still sums in int32: q [T, G, 32] (per group the 16 even elements, then the 16
+// odd ones: the nibbles' order), d [T, S] = m / 127 / 2^shift (the sums' unit), up [T, G]
+// = shift - e (the left shift), kQ4: each group's sum of q * 2^(shift - e), [T, G] (fp32:
+// exact); kQ6: 32 times each int16 lane's four q (elements 4j .. 4j + 3 of a group), [T, G, 8].
+struct Split8 {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int64_t> up;
+  std::vector<float> sums;  // kQ4
+  std::vector<int16_t> bias;  // kQ6
+  int64_t T, K, G, S;
+
+  Split8(const float* x, int64_t T_, int64_t K_, Format f) : T(T_), K(K_), G(K_ / kGroup), S(K_ / kSuper) {
+    const int shift = many_shift(f);
+    q.resize(T * K);
+    d.resize(T * S);
+    up.resize(T * G);
+    if (f == kQ6) bias.resize(T * G * 8);
+    else sums.resize(T * G);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const auto largest = [&](const float* v, int n) {
+      __m256 m = _mm256_setzero_ps();
+      for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      return _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    };
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < S; ++j) {
+        const float* v = x + t * K + j * kSuper;
+        float amax[8], top = 0.0f;
+        for (int gi = 0; gi < 8; ++gi) top = std::max(top, amax[gi] = largest(v + 32 * gi, kGroup));
+        d[t * S + j] = std::ldexp(top / 127.0f, -shift);
+        const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+        for (int64_t gi = 0; gi < 8; ++gi) {
+          const int64_t g = j * 8 + gi;
+          int e = 0;
+          while (e < shift && std::ldexp(amax[gi], e + 1) <= top) ++e;
+          up[t * G + g] = shift - e;
+          const __m256 scale = _mm256_set1_ps(std::ldexp(inv, e));
+          __m256i i[4];
+          for (int k = 0; k < 4; ++k)  // rounded to nearest; each eight as 4 even, then 4 odd
+            i[k] = _mm256_permutevar8x32_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 32 * gi + 8 * k), scale)),
+                                               evens_first);
+          // packs works per 128-bit lane: [evens | odds] of 16, then all 16 evens | all 16 odds
+          const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+          int8_t* out = q.data() + (t * G + g) * kGroup;
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), b);
+          if (f == kQ6) {
+            for (int k = 0; k < 8; ++k)
+              bias[(t * G + g) * 8 + k] = int16_t(32 * (out[2 * k] + out[2 * k + 1] + out[16 + 2 * k] + out[17 + 2 * k]));
+          } else {
+            int s = 0;
+            for (int k = 0; k < kGroup; ++k) s += out[k];
+            sums[t * G + g] = std::ldexp(float(s), shift - e);
+          }
+        }
+      }
+  }
+};
+
+// Q4_K's offsets for a block of eight weight rows from n0 (row r in lane r) against TB rows
+// of x from t0: sum over super-blocks of -dmin * x's d * sum m * sum q, the products exact in
+// fp32 (m < 64, |sum q| <= 32 * 127: under 2^21 summed over a super-block's eight groups).
+template <int TB>
+inline void many_offsets(const Weights& w, const Split8& x, int64_t n0, int64_t t0, __m256 (&out)[TB]) {
+  const int64_t G = x.G, S = x.S;
+  const uint8_t* pairs = w.sm + 2 * w.unit(n0, 0);  // group g's eight (sc, m) at pairs + 16 g
+  const float* supers = w.ds + 2 * w.super(n0, 0);  // super-block j's eight (d, -dmin) at supers + 16 j
+  const __m128i m_of = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -128, -128, -128, -128, -128, -128, -128, -128);
+  for (int t = 0; t < TB; ++t) out[t] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < S; ++j) {
+    __m256 acc[TB];
+    for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_ps();
+    for (int gi = 0; gi < 8; ++gi) {
+      const int64_t g = 8 * j + gi;
+      const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs + 16 * g)), m_of);
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+      for (int t = 0; t < TB; ++t) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[(t0 + t) * G + g]), acc[t]);
+    }
+    const __m256 a = _mm256_loadu_ps(supers + 16 * j), b = _mm256_loadu_ps(supers + 16 * j + 8);
+    const __m256 dmin = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+    for (int t = 0; t < TB; ++t)
+      out[t] = _mm256_fmadd_ps(acc[t], _mm256_mul_ps(dmin, _mm256_set1_ps(x.d[(t0 + t) * S + j])), out[t]);
+  }
+}
+
+// A block of eight weight rows from n0 (Weights::unit's layout) against TB rows of x from t0.
+template <Format F, int TB>
+inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
+  const int64_t G = x.G, S = x.S, K = x.K;
+  const __m256i nib = _mm256_set1_epi8(15);
+  const auto wide = [](const void* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  alignas(32) float offsets[TB][8];  // kQ4: row r's offset term for row t of x
+  if constexpr (F == kQ4) {
+    __m256 o[TB];
+    many_offsets<TB>(w, x, n0, t0, o);
+    for (int t = 0; t < TB; ++t) _mm256_store_ps(offsets[t], o[t]);
+  }
+  const int64_t u0 = w.unit(n0, 0), v0 = w.super(n0, 0);  // group g's units at u0 + 8 g; super-block j's at v0 + 8 j
+  const int8_t* xq[TB];
+  const int16_t* xb[TB];
+  const int64_t* up[TB];
+  for (int t = 0; t < TB; ++t) {
+    xq[t] = x.q.data() + (t0 + t) * K;
+    up[t] = x.up.data() + (t0 + t) * G;
+    if constexpr (F == kQ6) xb[t] = x.bias.data() + (t0 + t) * G * 8;
+  }
+  for (int p = 0; p < 4; ++p) {  // rows 2p (the low half) and 2p + 1 (the high one)
+    alignas(32) float f[TB][8] = {};  // in memory: the registers hold the int32 sums, the weights and x
+    // kQ4: each half's int16 lanes take its row's sc of a group's eight (sc, m) pairs
+    const __m256i sc_of = _mm256_setr_epi8(4 * p, -128, 4 * p, -128, 4 * p, -128, 4 * p, -128, 4 * p, -128, 4 * p, -128,
+                                           4 * p, -128, 4 * p, -128, 4 * p + 2, -128, 4 * p + 2, -128, 4 * p + 2, -128,
+                                           4 * p + 2, -128, 4 * p + 2, -128, 4 * p + 2, -128, 4 * p + 2, -128, 4 * p + 2, -128);
+    const uint8_t* nibbles = w.q + 16 * u0 + 32 * p;  // group g's two rows at nibbles + 128 g
+    for (int64_t j = 0; j < S; ++j) {
+      __m256i acc[TB];
+      for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_si256();
+      for (int64_t g = 8 * j; g < 8 * j + 8; ++g) {
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + 128 * g));
+        __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib), sc;
+        if constexpr (F == kQ6) {  // the high two bits (nibbles_avx2's), and each sixteen's int8 scale
+          const int64_t u = u0 + 8 * g + 2 * p;
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.hb + 8 * u));
+          const __m256i t = _mm256_permute4x64_epi64(_mm256_castsi128_si256(v), 0x50);
+          const __m256i bits45 = _mm256_set1_epi8(0x30);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 2, 0, 2)), bits45));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_sllv_epi64(t, _mm256_setr_epi64x(4, 2, 4, 2)), bits45));
+          int32_t four;
+          std::memcpy(&four, w.sc + 2 * u, 4);
+          constexpr char z = char(0x80);
+          sc = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_set1_epi32(four),
+                                                     _mm256_setr_epi8(z, 0, z, 0, z, 0, z, 0, z, 1, z, 1, z, 1, z, 1,
+                                                                      z, 2, z, 2, z, 2, z, 2, z, 3, z, 3, z, 3, z, 3)),
+                                 8);
+        } else {
+          sc = _mm256_shuffle_epi8(wide(w.sm + 2 * (u0 + 8 * g)), sc_of);
+        }
+        for (int t = 0; t < TB; ++t) {
+          // q in [0, 64), |x| <= 127: a pair's sum and two of them stay in int16
+          __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xq[t] + 32 * g)),
+                                       _mm256_maddubs_epi16(hi, wide(xq[t] + 32 * g + 16)));
+          if constexpr (F == kQ6) s = _mm256_sub_epi16(s, wide(xb[t] + 8 * g));  // (q - 32) x: within int16
+          const __m256i scu = _mm256_sll_epi16(sc, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(up[t] + g)));
+          acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s, scu));
+        }
+      }
+      __m256 dw;  // the two rows' d, four lanes each
+      if constexpr (F == kQ6) {
+        const float* dp = w.ds + v0 + 8 * j + 2 * p;
+        dw = _mm256_setr_m128(_mm_set1_ps(dp[0]), _mm_set1_ps(dp[1]));
+      } else {
+        const float* dp = w.ds + 2 * (v0 + 8 * j + 2 * p);
+        dw = _mm256_setr_m128(_mm_set1_ps(dp[0]), _mm_set1_ps(dp[2]));
+      }
+      for (int t = 0; t < TB; ++t)
+        _mm256_store_ps(f[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[(t0 + t) * S + j])),
+                                              _mm256_load_ps(f[t])));
+    }
+    for (int t = 0; t < TB; ++t) {
+      const float* lanes = f[t];
+      for (int r = 0; r < 2; ++r) {
+        const float dot = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+        y[(t0 + t) * w.stride() + n0 + 2 * p + r] = F == kQ4 ? dot + offsets[t][2 * p + r] : dot;
+      }
+    }
+  }
+}
+
+// Rows [n0, n1) (whole blocks of eight) against every row of x, six rows of x at a time (8-10%
+// faster than four on a Zen 3; eight no more), in
+// chunks of kChunkRows rows of x (a prefill chunk's x would not stay in the second-level cache
+// over a block's rows: 1024 rows of a 2048-wide x ran at 150 GFLOP/s against 220 for 256).
+constexpr int64_t kChunkRows = 64;
+
+template <Format F>
+inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t n1, float* y) {
+  for (int64_t c = 0; c < x.T; c += kChunkRows) {
+    const int64_t c1 = std::min(x.T, c + kChunkRows);
+    for (int64_t n = n0; n + 8 <= n1; n += 8) {
+      int64_t t = c;
+      for (; t + 6 <= c1; t += 6) many_avx2<F, 6>(w, x, n, t, y);
+      switch (c1 - t) {
+        case 5: many_avx2<F, 5>(w, x, n, t, y); break;
+        case 4: many_avx2<F, 4>(w, x, n, t, y); break;
+        case 3: many_avx2<F, 3>(w, x, n, t, y); break;
+        case 2: many_avx2<F, 2>(w, x, n, t, y); break;
+        case 1: many_avx2<F, 1>(w, x, n, t, y); break;
+      }
+    }
+  }
+}
