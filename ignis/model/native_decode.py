@@ -116,18 +116,21 @@ def _kind_and_tensors(g: PackedLinear) -> tuple[int, list[torch.Tensor]]:
 
 
 class NativeDecoder:
-    def __init__(self, model: Transformer, gemms: list[PackedLinear], wide: list[PackedLinear]) -> None:
+    def __init__(self, model: Transformer, gemms: list[PackedLinear], wide: list[PackedLinear | None]) -> None:
         """gemms: every projection in decode.cpp's order (a dense layer's qkv, o, gate_up,
         down; a mixture's qkv, o, then each expert's gate_up and down); wide: the mixed
-        form's kept copies of the dense projections, or empty."""
+        form's kept copies of the dense projections (None for one that keeps none: its
+        narrow GEMM has a many-row body), or empty."""
         from ignis.model.gguf_quant import GROUP
 
         c = model.config
         self.model = model
         # The mixed form's kept GEMMs for steps of more rows: oneDNN bf16, fbgemm fp16 or
         # oneDNN fp32 packed weights, one kind for the whole model.
-        self.wide = [w.packed for w in wide]
-        self.wide_kind = _WIDE_KINDS[wide[0].form] if wide else 0
+        # (None: this projection keeps no copy, an empty tensor for the op.)
+        self.wide = [_EMPTY if w is None else w.packed for w in wide]
+        kinds = {w.form for w in wide if w is not None}
+        self.wide_kind = _WIDE_KINDS[kinds.pop()] if kinds else 0
         # Per projection: int4, int5, q6, q8, an int4 pair (5- to 8-bit blocks beside others),
         # mxfp4, a stack of these or torch's int8; a file mixes them (Q4_K_M keeps some tensors at Q6_K, Gemma's
         # files Q5_0 and Q8_0, gpt-oss's MXFP4 experts beside Q8_0).
@@ -186,8 +189,7 @@ class NativeDecoder:
         if unsupported(model.config) is not None or len({layer.self_attn.scale for layer in model.layers}) != 1:
             return None
         gemms: list[PackedLinear] = []
-        wide: list[PackedLinear] = []
-        dense = 0  # projections that could have a wide copy
+        wide: list[PackedLinear | None] = []  # per dense projection its kept copy, or None
         for layer in model.layers:
             moe = type(layer.mlp) is SparseMoE
             if not moe and type(layer.mlp) is not MLP:
@@ -200,8 +202,7 @@ class NativeDecoder:
                 if g is None:
                     return None
                 gemms.append(g)
-                wide += [w] if w is not None else []
-            dense += len(linears)
+                wide.append(w)
             if moe:
                 router = layer.mlp.gate
                 if type(router) is not Linear or router.linear_op is not None or layer.mlp.experts.expert_ops is None:
@@ -215,8 +216,10 @@ class NativeDecoder:
             qk = [layer.self_attn.q_norm, layer.self_attn.k_norm] if model.config.qk_norm else []
             if any(type(n) is not RMSNorm or n.weight.dtype != torch.float32 for n in _norms(layer) + qk):
                 return None
-        if len(wide) not in (0, dense) or len({w.form for w in wide}) > 1:
+        if len({w.form for w in wide if w is not None}) > 1:
             return None
+        if all(w is None for w in wide):  # the quantized form, or no projection keeps a copy
+            wide = []
         mixtures = {(m.top_k, _routing(m), m.experts.intermediate, m.alpha, m.limit, m.act_name)
                     for m in model.modules() if isinstance(m, SparseMoE)}
         if len(mixtures) > 1:  # the op takes one routing and width for every layer

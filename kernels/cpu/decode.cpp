@@ -154,7 +154,7 @@ inline int64_t tensors_of(int64_t kind) {
 // down), a mixture's 2 + 2E (qkv, o, then each expert's gate_up and down).
 // `wide`, per dense projection (qkv and o only, in a mixture's layer: its experts have no
 // wide copy) the kept copy for steps of more than narrow_rows rows: oneDNN bf16 (bf16 in
-// and out), fbgemm fp16 or oneDNN fp32 (fp32).
+// and out), fbgemm fp16 or oneDNN fp32 (fp32); an empty tensor where a projection has none.
 struct Gemms {
   at::TensorList narrow, wide;
   at::IntArrayRef kinds;  // per projection, a NarrowKind
@@ -192,9 +192,11 @@ struct Gemms {
   // it has none, the narrow GEMM serves every step).
   at::Tensor operator()(const at::Tensor& x, int64_t p, int64_t n, int64_t w = -1) const {
     at::Tensor y;
-    if (use_wide && w >= 0 && wide_kind == kWideFp16) {
+    // an empty entry: this projection keeps no copy (its narrow GEMM's many-row body is the faster)
+    const bool copy = use_wide && w >= 0 && wide[w].numel() > 0;
+    if (copy && wide_kind == kWideFp16) {
       y = at::fbgemm_linear_fp16_weight(x, wide[w], at::zeros({n}, x.options()));
-    } else if (use_wide && w >= 0) {
+    } else if (copy) {
       y = onednn_linear(wide_kind == kWideBf16 ? as_bf16(x) : x, wide[w]);
     } else {
       const int64_t i = first[p], kind = kinds[p];

@@ -35,7 +35,7 @@ from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.lm_head import NARROW_ROWS
 from ignis.model.hf_loader import read_hf_config
 from ignis.model.loader import load_model
-from ignis.model.native_decode import NativeDecoder, unsupported
+from ignis.model.native_decode import NativeDecoder, _linears, unsupported
 from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights
 from kernels import cpu_native, cpu_platform
 from kernels.attention_cpu_native import NativeCpuAttention
@@ -187,6 +187,31 @@ def test_a_q4_k_m_file_decodes_natively_in_its_own_blocks(tmp_path: Path) -> Non
     prompts = [list(range(3, 12)), [(7 * i) % 200 + 3 for i in range(300)], [5]]
     _decode_both(model, native, prompts, steps=4)
     _decode_both(model, native, prompts[:1], steps=3)
+
+
+def test_a_mixed_form_keeps_copies_only_where_the_narrow_gemm_has_no_many_row_body(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mixed` on a CPU with the many-row body (cpu_native.many_rows: AVX2): a Q4_K_M file whose
+    o_proj is Q8_0 keeps a wide copy of o_proj alone; the native step takes the copy there and
+    the blocks' own GEMMs elsewhere, at one row and at more than the many-row body's."""
+    import experiments.synthetic_gguf as synthetic
+    from ignis.model.packed import MixedLinear
+
+    if not PLAN.int4 or cpu_native.many_rows() == 0:
+        pytest.skip("no many-row body on this CPU")
+    real = synthetic.tensors
+    monkeypatch.setattr(synthetic, "tensors", lambda shape, qtype: [
+        (n, dims, "Q8_0" if n.endswith("attn_output.weight") else t) for n, dims, t in real(shape, qtype)])
+    shape = synthetic.Shape("llama", 256, 2, 4, 2, 64, 512, 49152 + 40, True, 500000.0)
+    path = synthetic.write(shape, "q4_k_m", tmp_path / "q4_k_m.gguf", progress=False)
+    model = load_model(str(path), progress=False, weight_form="mixed", max_num_seqs=64).model
+    ops = [(lin.linear_op, isinstance(lin.linear_op, MixedLinear)) for layer in model.layers for lin in _linears(layer)]
+    assert [mixed for _, mixed in ops] == [False, True, False, False] * shape.layers
+    native = NativeDecoder.build(model)
+    assert native is not None and len(native.wide) == 4 * shape.layers
+    assert [w.numel() > 0 for w in native.wide] == [False, True, False, False] * shape.layers
+    _decode_both(model, native, [list(range(3, 12)), [5]], steps=2)
+    _decode_both(model, native, [[3 + i, 40 + 2 * i] for i in range(cpu_native.many_rows() + 1)], steps=2)
 
 
 def _kind(qtype: Q) -> int:
