@@ -605,6 +605,30 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
 }
 
 #if IGNIS_QGEMM_INT16_X
+// kQ6 on AVX2, a register's two rows (Two; else one row in both halves): the high two bits
+// (hb: each row's eight bytes) into bits 4-5 of lo (even elements) and hi (odd ones), each
+// row's eight bytes in both 64-bit lanes of its half.
+template <bool Two>
+inline void q6_high_bits(const uint8_t* hb, __m256i& lo, __m256i& hi) {
+  const __m128i v = Two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(hb))
+                        : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hb));
+  const __m256i t = _mm256_permute4x64_epi64(_mm256_castsi128_si256(v), Two ? 0x50 : 0x00);
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 2, 0, 2)), bits45));
+  hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_sllv_epi64(t, _mm256_setr_epi64x(4, 2, 4, 2)), bits45));
+}
+
+// kQ6: 256 times each int16 lane's sixteen's scale (lanes 0-3 of a half: elements 0-15), from
+// the two rows' two int8 scales each at sc (one row's two, in both halves, without Two).
+template <bool Two>
+inline __m256i q6_scales_256(const int8_t* sc) {
+  int32_t four = 0;
+  std::memcpy(&four, sc, Two ? 4 : 2);
+  constexpr char a = 0, b = 1, c = Two ? 2 : 0, e = Two ? 3 : 1, z = char(0x80);
+  return _mm256_shuffle_epi8(_mm256_set1_epi32(four), _mm256_setr_epi8(z, a, z, a, z, a, z, a, z, b, z, b, z, b, z, b,
+                                                                         z, c, z, c, z, c, z, c, z, e, z, e, z, e, z, e));
+}
+
 // The nibble formats on AVX2, two weight rows a register (a 128-bit half each: a block of
 // eight's group g is 128 bytes in a row), as unsigned bytes multiplied into x's bytes by
 // vpmaddubsw (pairs, in int16: at most 2 * 31 * 128, no saturation) and summed to int32 by
@@ -684,13 +708,8 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
       if constexpr (F == kMX4) {
         lo = _mm256_shuffle_epi8(lut, lo);
         hi = _mm256_shuffle_epi8(lut, hi);
-      } else if constexpr (F == kQ6) {  // the high two bits at 4-5: each row's eight bytes in both 64-bit lanes of its half
-        const __m128i v = NB == 8 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.hb + 8 * (u + 2 * p)))
-                                  : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.hb + 8 * u));
-        const __m256i t = _mm256_permute4x64_epi64(_mm256_castsi128_si256(v), NB == 8 ? 0x50 : 0x00);
-        const __m256i bits45 = _mm256_set1_epi8(0x30);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 2, 0, 2)), bits45));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_sllv_epi64(t, _mm256_setr_epi64x(4, 2, 4, 2)), bits45));
+      } else if constexpr (F == kQ6) {
+        q6_high_bits<NB == 8>(w.hb + 8 * (u + 2 * p), lo, hi);
       } else if constexpr (F == kQ5) {  // + 16 where an element's fifth bit is set
         const __m256i words = NB == 8 ? _mm256_setr_m128i(_mm_set1_epi32(int32_t(w.qh[u + 2 * p])),
                                                           _mm_set1_epi32(int32_t(w.qh[u + 2 * p + 1])))
@@ -705,11 +724,7 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
       const __m256i pair = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1);
       __m256i s16, s256;  // kQ6: each int16 lane's sixteen's scale sc, and 256 sc (lanes 0-3 of a half: elements 0-15)
       if constexpr (F == kQ6) {
-        int32_t four = 0;  // rows 2p and 2p + 1's two scales each (one row's two, for NB = 1)
-        std::memcpy(&four, w.sc + 2 * (u + 2 * p), NB == 8 ? 4 : 2);
-        constexpr char a = 0, b = 1, c = NB == 8 ? 2 : 0, e = NB == 8 ? 3 : 1, z = char(0x80);
-        s256 = _mm256_shuffle_epi8(_mm256_set1_epi32(four), _mm256_setr_epi8(z, a, z, a, z, a, z, a, z, b, z, b, z, b, z, b,
-                                                                              z, c, z, c, z, c, z, c, z, e, z, e, z, e, z, e));
+        s256 = q6_scales_256<NB == 8>(w.sc + 2 * (u + 2 * p));
         s16 = _mm256_srai_epi16(s256, 8);
       }
       for (int t = 0; t < TB; ++t) {

@@ -161,20 +161,10 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
       for (int64_t g = 8 * j; g < 8 * j + 8; ++g) {
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + 128 * g));
         __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib), sc;
-        if constexpr (F == kQ6) {  // the high two bits (nibbles_avx2's), and each sixteen's int8 scale
+        if constexpr (F == kQ6) {  // the high two bits, and each sixteen's int8 scale
           const int64_t u = u0 + 8 * g + 2 * p;
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.hb + 8 * u));
-          const __m256i t = _mm256_permute4x64_epi64(_mm256_castsi128_si256(v), 0x50);
-          const __m256i bits45 = _mm256_set1_epi8(0x30);
-          lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 2, 0, 2)), bits45));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_sllv_epi64(t, _mm256_setr_epi64x(4, 2, 4, 2)), bits45));
-          int32_t four;
-          std::memcpy(&four, w.sc + 2 * u, 4);
-          constexpr char z = char(0x80);
-          sc = _mm256_srai_epi16(_mm256_shuffle_epi8(_mm256_set1_epi32(four),
-                                                     _mm256_setr_epi8(z, 0, z, 0, z, 0, z, 0, z, 1, z, 1, z, 1, z, 1,
-                                                                      z, 2, z, 2, z, 2, z, 2, z, 3, z, 3, z, 3, z, 3)),
-                                 8);
+          q6_high_bits<true>(w.hb + 8 * u, lo, hi);
+          sc = _mm256_srai_epi16(q6_scales_256<true>(w.sc + 2 * u), 8);
         } else {
           sc = _mm256_shuffle_epi8(wide(w.sm + 2 * (u0 + 8 * g)), sc_of);
         }
