@@ -81,13 +81,13 @@ serve: $(VENV)/.runtime
 
 # The second run: the model, engine and README tests again as a CPU one tier down runs them
 # (IGNIS_CPU_CAPS: an AVX-512 machine runs the AVX2 paths, an AVX2 one the portable loops;
-# see kernels/cpu_platform.py). CAPPED_TESTS= skips it.
+# see ignis_kernels/cpu_platform.py). CAPPED_TESTS= skips it.
 CAPPED_TESTS ?= tests/model tests/engine tests/test_readme.py
 
 test: $(VENV)/.test clients browser simde converter
 	$(PY) -m pytest -q $(PYTEST_ARGS)
-	@host=$$($(PY) -c 'from kernels import cpu_platform as c; print(c.current().host_level)'); \
-	tier=$$($(PY) -c 'from kernels import cpu_platform as c; print(c.tier_below("'$$host'"))'); \
+	@host=$$($(PY) -c 'from ignis_kernels import cpu_platform as c; print(c.current().host_level)'); \
+	tier=$$($(PY) -c 'from ignis_kernels import cpu_platform as c; print(c.tier_below("'$$host'"))'); \
 	if [ -n "$(CAPPED_TESTS)" ] && [ "$$tier" != "$$host" ]; then \
 	  echo "ignis: $(CAPPED_TESTS) again with IGNIS_CPU_CAPS=$$tier (this CPU: $$host)"; \
 	  IGNIS_CPU_CAPS=$$tier $(PY) -m pytest -q --ignore=tests/model/test_every_cpu.py $(CAPPED_TESTS); \

@@ -7,7 +7,7 @@ Two tables, SmolLM2's 49,152-token vocabulary:
 1. The mask alone, per step for N constrained rows: llguidance filling the bitmasks
    (real JSON-schema matchers walked through a JSON document, so the masks are those
    of strings, numbers and structure), and applying them to [N, V] fp32 logits three
-   ways: the naive shift-every-word unpack (kernels.token_mask_ref), the CPU path
+   ways: the naive shift-every-word unpack (ignis_kernels.token_mask_ref), the CPU path
    (numpy unpackbits + one where), and llguidance's own numpy helper for scale.
 2. The engine's decode step (embedded SmolLM2, greedy, N sequences all decoding) with
    N rows unconstrained vs N rows under a JSON schema, the two engines' steps
@@ -26,7 +26,7 @@ import torch
 
 from experiments.timing import median_ms
 from ignis.engine.grammar import Grammar, GrammarState, fill_masks, ll_tokenizer
-from kernels.token_mask_ref import apply_token_bitmask_cpu_, apply_token_bitmask_ref_
+from ignis_kernels.token_mask_ref import apply_token_bitmask_cpu_, apply_token_bitmask_ref_
 
 SCHEMA = {
     "type": "object",

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from kernels import paged_attention, write_kv, write_kv_ref
+from ignis_kernels import paged_attention, write_kv, write_kv_ref
 
 # The random paged batches of the attention tests.
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))

@@ -5,9 +5,9 @@
 On the CPU, for 1, 16 and 64 sampling rows: the LM head (ignis/model/lm_head.py: the
 int8 dynamic GEMM for few rows, the wide bf16/fp16/fp32 one for more, each with its exact
 fp32 refinement of the top candidates; hidden 640 as Gemma 3 270M), the sampler
-(kernels.sample: greedy; temperature + top-p 0.9; with logprobs), top-5 logprobs
+(ignis_kernels.sample: greedy; temperature + top-p 0.9; with logprobs), top-5 logprobs
 (logprob_distribution + topk, what the engine does for them) and a grammar's token
-bitmask applied in place (kernels.apply_token_bitmask_). Median of repeated calls
+bitmask applied in place (ignis_kernels.apply_token_bitmask_). Median of repeated calls
 (experiments/timing.py), in milliseconds, and the 262k / 49k ratio: a cost linear in the
 vocabulary is 5.3x.
 """
@@ -45,11 +45,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    import kernels
+    import ignis_kernels
     from ignis.model.lm_head import RefinedHead, int8_dynamic_head
     from ignis.model.packed import wide_linear
     from ignis.model.weight_plan import plan_weights
-    from kernels.sampling import SamplingTensors, logprob_distribution
+    from ignis_kernels.sampling import SamplingTensors, logprob_distribution
 
     plan = plan_weights("mixed", kind="gguf", device=torch.device("cpu"), max_num_seqs=64)
     g = torch.Generator().manual_seed(0)
@@ -70,11 +70,11 @@ def main() -> None:
             work = logits.clone()
             cases = {
                 "LM head (refined)": lambda: head(x),
-                "sample greedy": lambda: kernels.sample(logits, greedy),
-                "sample top-p 0.9": lambda: kernels.sample(logits, top_p),
-                "sample + logprobs": lambda: kernels.sample(logits, top_p, return_logprobs=True),
+                "sample greedy": lambda: ignis_kernels.sample(logits, greedy),
+                "sample top-p 0.9": lambda: ignis_kernels.sample(logits, top_p),
+                "sample + logprobs": lambda: ignis_kernels.sample(logits, top_p, return_logprobs=True),
                 "top-5 logprobs": lambda: logprob_distribution(logits, top_p).topk(5, dim=-1),
-                "grammar bitmask": lambda: kernels.apply_token_bitmask_(work, mask, mask_rows),
+                "grammar bitmask": lambda: ignis_kernels.apply_token_bitmask_(work, mask, mask_rows),
             }
             with torch.inference_mode():
                 for name, fn in cases.items():

@@ -41,7 +41,7 @@ def main() -> None:
 
     from ignis.model.gguf_quant import decode_mxfp4_nibbles, decode_q8
     from ignis.model.packed import Int8Linear, Mx4Linear, Q8Linear, wide_linear
-    from kernels import cpu_native, cpu_platform
+    from ignis_kernels import cpu_native, cpu_platform
 
     if not cpu_native.load():
         sys.exit("the native op is not built here")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from experiments.gpu.sampling_check import make_logits, make_params, sort_sampler
-from kernels.sampling_ref import sample_ref
+from ignis_kernels.sampling_ref import sample_ref
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 DEVICE = "cuda" if CUDA else "cpu"
@@ -52,7 +52,7 @@ def test_bench_sample_ref(benchmark, batch):
 @pytest.mark.skipif(not CUDA, reason="the Triton kernel is timed on CUDA only (the interpreter is ~1e5x slower)")
 @pytest.mark.parametrize("kind", ["topk_topp", "mixed", "greedy", "temperature"])
 def test_bench_sample_triton(benchmark, batch, kind):
-    from kernels.sampling_triton import sample_triton
+    from ignis_kernels.sampling_triton import sample_triton
 
     x, p = batch
     if kind != "topk_topp":

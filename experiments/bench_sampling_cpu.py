@@ -1,4 +1,4 @@
-"""The CPU sampler with top_p / top_k: the reference (sorts every row) vs kernels.sampling_cpu.
+"""The CPU sampler with top_p / top_k: the reference (sorts every row) vs ignis_kernels.sampling_cpu.
 
     PYTHONPATH=. python experiments/bench_sampling_cpu.py [--threads 1]
 
@@ -16,9 +16,9 @@ import argparse
 import torch
 
 from experiments.timing import median_ms
-from kernels.sampling_cpu import sample_cpu
-from kernels.sampling_ref import sample_ref
-from kernels.sampling_tensors import SamplingTensors
+from ignis_kernels.sampling_cpu import sample_cpu
+from ignis_kernels.sampling_ref import sample_ref
+from ignis_kernels.sampling_tensors import SamplingTensors
 
 
 def main() -> None:

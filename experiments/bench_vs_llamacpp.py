@@ -339,7 +339,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from kernels import cpu_platform  # (importing kernels applies the cap)
+    from ignis_kernels import cpu_platform  # (importing kernels applies the cap)
 
     log(f"ignis: {cpu_platform.current().describe()}; llama.cpp: {args.llamacpp_build}")
 

@@ -35,7 +35,7 @@ def main() -> None:
     from ignis.engine import LLMEngine, SamplingParams
     from ignis.model.embedded import smollm2_gguf_path
     from ignis.model.loader import load_model
-    from kernels import cpu_platform
+    from ignis_kernels import cpu_platform
 
     p = cpu_platform.current()
     loaded = load_model(smollm2_gguf_path(), progress=False, weight_form="quantized", max_num_seqs=1)

@@ -31,7 +31,7 @@ def main() -> int:
         print("no CUDA: set TRITON_INTERPRET=1 to count in the interpreter", file=sys.stderr)
         return 2
     from experiments.gpu.sampling_check import KINDS, make_logits, make_params
-    from kernels.sampling_triton import sample_triton_debug
+    from ignis_kernels.sampling_triton import sample_triton_debug
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     x = make_logits(args.rows, args.vocab, torch.float32, device)

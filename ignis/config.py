@@ -146,7 +146,7 @@ class EngineConfig:
     cpu_threads: int | None = None
     cpu_pack_weights: bool = True
     # CPU, int4/int8 weight forms (model.weight_form quantized or mixed): decode steps of
-    # dense models (not Gemma 2, OLMo 2, mixtures of experts) run every layer in one native call (kernels/cpu/decode.cpp, compiled once per machine
+    # dense models (not Gemma 2, OLMo 2, mixtures of experts) run every layer in one native call (ignis_kernels/cpu/decode.cpp, compiled once per machine
     # with the system's g++; ignis/model/native_decode.py); the other forms' decode rows
     # use its paged attention. false, or no compiler = the eager PyTorch forward.
     cpu_native_decode: bool = True

@@ -30,14 +30,14 @@ register()
 
 
 def run(cfg: IgnisConfig) -> int:
-    import kernels
+    import ignis_kernels
     from ignis.engine import AsyncEngine
     from ignis.model import load_model_from_config
     from ignis.model.weight_plan import UnsupportedWeightForm
     from ignis.server.app import create_app
     from ignis.server.websocket_protocol import IgnisWebSocketProtocol
 
-    kernels.set_backend(cfg.engine.kernel_backend.value)
+    ignis_kernels.set_backend(cfg.engine.kernel_backend.value)
     tp = cfg.engine.tensor_parallel_size
     if tp > 1:
         from ignis.engine.tensor_parallel import torchrun_env

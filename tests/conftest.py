@@ -1,5 +1,5 @@
 """Test-wide setup. Triton's interpreter must be chosen before triton is first imported,
-so this runs before any test module (and so before `kernels`) is collected."""
+so this runs before any test module (and so before `ignis_kernels`) is collected."""
 
 import os
 

@@ -162,7 +162,7 @@ CALL = b'<tool_call>\n{"name": "get_weather", "arguments": '
 
 def check_constrained(loaded, device: str, batch: int = 8, steps: int = 64) -> dict:
     """The paths a plain decode never takes, on this device: half the rows held by a grammar
-    to open a tool call (llguidance's bitmasks uploaded and applied by kernels.token_mask),
+    to open a tool call (llguidance's bitmasks uploaded and applied by ignis_kernels.token_mask),
     sampled at temperature 1 with 5 top logprobs, beside free greedy rows.
     ok = every forced row starts with the call, every free row equals its run alone, and
     every alternatives list is sorted and holds the sampled token's logprob when present."""

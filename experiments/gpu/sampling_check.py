@@ -22,7 +22,7 @@ import random
 import torch
 
 from experiments.gpu.common import Case, Context, bench, row
-from kernels.sampling_tensors import SamplingTensors
+from ignis_kernels.sampling_tensors import SamplingTensors
 
 ROWS, VOCAB = 256, 151_936
 KINDS = ("topk_topp", "mixed", "greedy", "temperature", "min_p", "penalties")
@@ -81,9 +81,9 @@ def make_params(rows: int, kind: str, device: str, vocab: int = VOCAB, seed: int
 
 def _compare(x: torch.Tensor, params: SamplingTensors) -> tuple[float, float, float]:
     """(token mismatch fraction, kept-set mismatch fraction, max logprob error)."""
-    from kernels.sampling_penalties import apply_penalties_dense
-    from kernels.sampling_ref import keep_mask, sample_ref
-    from kernels.sampling_triton import sample_triton, sample_triton_debug
+    from ignis_kernels.sampling_penalties import apply_penalties_dense
+    from ignis_kernels.sampling_ref import keep_mask, sample_ref
+    from ignis_kernels.sampling_triton import sample_triton, sample_triton_debug
 
     tokens, lp = sample_triton(x, params, return_logprobs=True)
     want, want_lp = sample_ref(x, params, return_logprobs=True)
@@ -115,14 +115,14 @@ def _l2_bytes(device: str) -> int:
 
 def mean_passes(x: torch.Tensor, params: SamplingTensors) -> float:
     """Mean passes over the vocabulary per row, from the kernel's debug counters."""
-    from kernels.sampling_triton import sample_triton_debug
+    from ignis_kernels.sampling_triton import sample_triton_debug
 
     _, _, passes = sample_triton_debug(x, params)
     return 1.0 + passes[:, 0].float().mean().item()
 
 
 def _dtype_case(dtype: torch.dtype, ctx: Context) -> list[dict]:
-    from kernels.sampling_triton import sample_triton
+    from ignis_kernels.sampling_triton import sample_triton
 
     dev = ctx.device.type
     xs = _copies(ROWS, dtype, dev, _l2_bytes(dev))
@@ -159,7 +159,7 @@ def _dtype_case(dtype: torch.dtype, ctx: Context) -> list[dict]:
 
 def _config_case(ctx: Context) -> list[dict]:
     """The default config was chosen from sm_90 compiles only: time a few neighbours."""
-    from kernels.sampling_triton import DEFAULT_CONFIG, sample_triton
+    from ignis_kernels.sampling_triton import DEFAULT_CONFIG, sample_triton
 
     dev = ctx.device.type
     xs = _copies(ROWS, torch.bfloat16, dev, _l2_bytes(dev))
@@ -178,7 +178,7 @@ def _config_case(ctx: Context) -> list[dict]:
 
 
 def config_neighbours() -> list:  # list[TritonSamplerConfig]
-    from kernels.sampling_triton import DEFAULT_CONFIG, TritonSamplerConfig
+    from ignis_kernels.sampling_triton import DEFAULT_CONFIG, TritonSamplerConfig
 
     return [DEFAULT_CONFIG,
             TritonSamplerConfig(block=4096, block_p=512, num_warps=16),
@@ -191,7 +191,7 @@ def config_neighbours() -> list:  # list[TritonSamplerConfig]
 
 def _small_case(batch: int, ctx: Context) -> dict:
     """Small batches: one program per row leaves most SMs idle; launch-bound, so graph replay."""
-    from kernels.sampling_triton import sample_triton
+    from ignis_kernels.sampling_triton import sample_triton
 
     dev = ctx.device.type
     xs = [make_logits(batch, VOCAB, torch.bfloat16, dev, seed=i) for i in range(4)]
@@ -222,7 +222,7 @@ def cases(ctx: Context) -> list[Case]:
 
 def dry_run(ctx: Context) -> None:
     """Host side at toy sizes on the CPU: inputs of every kind, the baselines, the reference."""
-    from kernels.sampling_ref import sample_ref
+    from ignis_kernels.sampling_ref import sample_ref
 
     x = make_logits(4, 512, torch.float32, "cpu")
     for kind in KINDS:

@@ -1,4 +1,4 @@
-"""GPU check of the grammar bitmask kernel (kernels.token_mask) at full size.
+"""GPU check of the grammar bitmask kernel (ignis_kernels.token_mask) at full size.
 
 `run(copy_bw_gbs)` (same interface as the other checks, for check_kernels.py) applies
 packed masks to 1, 64 and 256 rows of a 151,936-token vocabulary, bf16 and fp32:
@@ -40,8 +40,8 @@ def run(copy_bw_gbs: float) -> list[dict]:
     if not torch.cuda.is_available():
         return []
     from experiments.gpu.common import cuda_time, gbs
-    from kernels.token_mask import apply_token_bitmask_triton_
-    from kernels.token_mask_ref import apply_token_bitmask_ref_
+    from ignis_kernels.token_mask import apply_token_bitmask_triton_
+    from ignis_kernels.token_mask_ref import apply_token_bitmask_ref_
 
     out: list[dict] = []
     for dtype in (torch.bfloat16, torch.float32):

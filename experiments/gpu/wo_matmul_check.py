@@ -1,4 +1,4 @@
-"""GPU check of the weight-only quantized matmul (kernels/wo_matmul.py): W4A16 and W8A16
+"""GPU check of the weight-only quantized matmul (ignis_kernels/wo_matmul.py): W4A16 and W8A16
 with group-32 scales, against its PyTorch reference and a bf16 torch.matmul baseline.
 
 `run(copy_bw_gbs)` returns one row per case in check_kernels.py's row format (op, shape,
@@ -40,8 +40,8 @@ def _time_ms(fn, iters: int = 50, warmup: int = 5) -> float:
 
 
 def run(copy_bw_gbs: float | None = None) -> list[dict]:
-    from kernels.wo_matmul import wo_matmul_triton
-    from kernels.wo_matmul_ref import pack_int4, wo_matmul_ref
+    from ignis_kernels.wo_matmul import wo_matmul_triton
+    from ignis_kernels.wo_matmul_ref import pack_int4, wo_matmul_ref
 
     dev, dt = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)

@@ -4,7 +4,7 @@
     block_manager.py  blocks, reference counts, the prefix cache (hash chain, LRU)
     scheduler.py      waiting queue, running set, token budget, chunked prefill, preemption
     model_runner.py   the flat batch, the forward, the head at the sampling rows
-    sampler.py        logits -> tokens: grammar masks, spent thinking budgets, penalties, kernels.sample, logprobs
+    sampler.py        logits -> tokens: grammar masks, spent thinking budgets, penalties, ignis_kernels.sample, logprobs
     engine.py         LLMEngine: the synchronous core (add_request / abort_request / step)
     async_engine.py   AsyncEngine: the core in its own thread, asyncio streams, capacity
     stop.py           incremental detokenization and stop strings

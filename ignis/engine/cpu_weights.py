@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ignis.model.layers import Linear
 from ignis.model.transformer import Transformer
-from kernels import cpu_platform
+from ignis_kernels import cpu_platform
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-import kernels
+import ignis_kernels
 from ignis.config import EngineConfig
 from ignis.engine.block_manager import BlockManager
 from ignis.engine.grammar import GrammarState, ll_tokenizer
@@ -137,7 +137,7 @@ class LLMEngine:
         cfg = config or EngineConfig()
         self.config = cfg
         self.loaded = loaded
-        kernels.set_backend(getattr(cfg.kernel_backend, "value", cfg.kernel_backend))
+        ignis_kernels.set_backend(getattr(cfg.kernel_backend, "value", cfg.kernel_backend))
         tp = int(cfg.tensor_parallel_size)
         if tp < 1:
             raise ValueError(f"engine.tensor_parallel_size must be at least 1, got {tp}")
@@ -167,7 +167,7 @@ class LLMEngine:
             if loaded.model is not None:
                 log.info("tensor parallel: rank 0 loads its shard from %s; the full weights loaded here are "
                          "not used (load_model(weights=False) skips them)", loaded.path)
-            tp_start = start_tensor_parallel(loaded, tp, kernel_backend=kernels.get_backend(),
+            tp_start = start_tensor_parallel(loaded, tp, kernel_backend=ignis_kernels.get_backend(),
                                              cpu_threads=self.num_threads)
             self.loaded = loaded = loaded.without_weights()
             kv_config = tp_start.shard.config

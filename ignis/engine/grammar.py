@@ -8,7 +8,7 @@ regex; Lark may embed JSON schemas with ``%json {...}``). At submit the engine b
 `LLTokenizer` (built once per tokenizer and logits width, from the `tokenizers`
 pipeline JSON ignis already has). Per step the sampler asks each constrained row for
 its next-token bitmask (`fill_masks`) and applies it to the logits before penalties,
-temperature and the filters (kernels.token_mask); the engine `advance`s the matcher
+temperature and the filters (ignis_kernels.token_mask); the engine `advance`s the matcher
 with each sampled token. Semantics:
 
 - The whole output is constrained, from its first token. EOS is allowed only where

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-import kernels
+import ignis_kernels
 from ignis.engine.cpu_weights import pack_linear_weights, unpack_linear_weights
 from ignis.engine.sampler import Sampled, Sampler, TopLogprobs
 from ignis.engine.scheduler import ScheduledBatch
@@ -26,9 +26,9 @@ from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.kv_cache import allocate_kv_caches
 from ignis.model.native_decode import NativeDecoder
 from ignis.model.transformer import Transformer
-from kernels import cpu_native
-from kernels.attention_cpu_native import NativeCpuAttention
-from kernels.attention_cpu_prefill import CpuAttention
+from ignis_kernels import cpu_native
+from ignis_kernels.attention_cpu_native import NativeCpuAttention
+from ignis_kernels.attention_cpu_prefill import CpuAttention
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ MASK_WAIT_MIN_S = 0.005
 
 
 class _CpuKvWriter:
-    """kernels.write_kv for the CPU runner: the runner's slots are all valid (it never
+    """ignis_kernels.write_kv for the CPU runner: the runner's slots are all valid (it never
     pads), so each layer's write is one index_copy_ per cache over the flat rows, instead
     of the reference's mask, split and two-index scatter per layer."""
 
@@ -52,7 +52,7 @@ class _CpuKvWriter:
         slot_mapping: torch.Tensor, backend: object = None,
     ) -> None:
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-            kernels.write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+            ignis_kernels.write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
             return
         rows = k_cache.shape[0] * k_cache.shape[1]
         k_cache.view(rows, *k_cache.shape[2:]).index_copy_(0, self.slots, key.to(k_cache.dtype))
@@ -160,9 +160,9 @@ class ModelRunner:
         self.head_op = pack_linear_weights(model) if pack_cpu_weights else None
         if not pack_cpu_weights:
             unpack_linear_weights(model)
-        # Batched decode attention on the CPU (kernels.attention_cpu); an explicit Triton
+        # Batched decode attention on the CPU (ignis_kernels.attention_cpu); an explicit Triton
         # backend (the interpreter) stays Triton.
-        self.use_cpu_attention = self.device.type == "cpu" and kernels.get_backend() != "triton"
+        self.use_cpu_attention = self.device.type == "cpu" and ignis_kernels.get_backend() != "triton"
         # Decode steps of int4/int8 CPU models: every layer in one native call; decode rows
         # of the steps left eager (other forms, wider batches): the native attention.
         native = native_decode and self.use_cpu_attention and cpu_native.load()
@@ -170,7 +170,7 @@ class ModelRunner:
         self.native = NativeDecoder.build(model) if native else None
         self.cpu_attention = NativeCpuAttention if native else CpuAttention
         if self.native is not None:
-            log.info("decode steps run natively (kernels/cpu/decode.cpp)")
+            log.info("decode steps run natively (ignis_kernels/cpu/decode.cpp)")
         self.sampler = Sampler()
         self._copied: torch.cuda.Event | None = None
         if self.on_cuda:  # pinned host buffers: one non-blocking copy each per step

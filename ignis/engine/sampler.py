@@ -5,7 +5,7 @@
 A call, on the [R, V] fp32 logits of the rows that sample:
 
 1. Grammar rows (an output grammar) get their matchers' next-token bitmasks, in place
-   (kernels.token_mask; idempotent). A row nothing can continue, or whose matcher is in
+   (ignis_kernels.token_mask; idempotent). A row nothing can continue, or whose matcher is in
    error, is reported in `errors`. The bitmasks depend only on the matchers, so the
    runner starts them before the forward (`prefetch_masks`): llguidance fills them on
    helper threads, the GIL released, while the model runs (ignis/engine/grammar_masks.py).
@@ -14,7 +14,7 @@ A call, on the [R, V] fp32 logits of the rows that sample:
 2. Rows still short of `min_tokens` get their stop ids at -inf (a copy).
 3. Rows whose thinking budget is spent get every token but the closing tag at -inf (a
    copy).
-4. Plain greedy batches take the argmax; anything else goes through `kernels.sample`
+4. Plain greedy batches take the argmax; anything else goes through `ignis_kernels.sample`
    (temperature, top-k, top-p, min-p, penalties, per-request seeds), with logprobs and
    top logprobs when a row asks.
 
@@ -36,8 +36,8 @@ import torch
 from ignis.engine.grammar import GrammarState
 from ignis.engine.grammar_masks import MaskFiller
 from ignis.engine.sequence import Sequence
-from kernels.sampling import SamplingTensors, logprob_distribution, sample
-from kernels.token_mask import apply_token_bitmask_
+from ignis_kernels.sampling import SamplingTensors, logprob_distribution, sample
+from ignis_kernels.token_mask import apply_token_bitmask_
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class Sampler:
     def _mask_grammar(self, logits: torch.Tensor, rows: list[Sequence], wait: float | None,
                       offsets: list[int] | None = None) -> tuple[dict[int, str], set[int]]:
         """Mask the rows that have an output grammar by their matchers' next-token bitmasks,
-        in place (kernels.token_mask: idempotent, so a retried step may see them again).
+        in place (ignis_kernels.token_mask: idempotent, so a retried step may see them again).
 
         Returns (the rows that cannot go on: their message, the rows deferred). Failed rows
         (nothing allowed, the matcher in error, the fill raised) sample from an all-allowed
@@ -361,7 +361,7 @@ def _top_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the logprobs `lps` [B] with the asking rows' re-read, their top ids [R, n], their
     top logprobs [R, n]), from the distribution the sampled logprob is read from
-    (kernels.sampling_ref, definition 5): the penalised, tempered one, before
+    (ignis_kernels.sampling_ref, definition 5): the penalised, tempered one, before
     top-k/top-p/min-p. topk sorts descending."""
     sel = None if len(asks) == len(ids) else torch.tensor(asks, device=logits.device)
     dist = logprob_distribution(

@@ -1,7 +1,7 @@
 """What one request asks of the sampler and of the stop logic.
 
 Plain Python values, validated once at submit; the sampler turns the rows of a step
-into kernels.sampling.SamplingTensors. Neutral values (temperature 0 = greedy, top_p 1,
+into ignis_kernels.sampling.SamplingTensors. Neutral values (temperature 0 = greedy, top_p 1,
 top_k 0, penalties off) let the sampler skip work no row needs.
 """
 

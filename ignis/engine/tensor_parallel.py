@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-import kernels
+import ignis_kernels
 from ignis.engine.model_runner import FatalRunnerError, ModelRunner, StepResult
 from ignis.engine.scheduler import ScheduledBatch
 from ignis.engine.tp_group import RunnerSpec, ShardSpec, TPGroup
@@ -284,7 +284,7 @@ def run_worker(rank: int, world: int, device_type: str, init_method: str = "env:
     group = TPGroup(rank, world, init_method, device)
     try:
         spec: ShardSpec = group.share(None)
-        kernels.set_backend(spec.kernel_backend)  # type: ignore[arg-type]
+        ignis_kernels.set_backend(spec.kernel_backend)  # type: ignore[arg-type]
         torch.set_num_threads(spec.cpu_threads)
         shard = _load_shard(spec.model_path, spec.model_kind, rank, world, group, getattr(torch, spec.dtype), device)
         sizes: RunnerSpec = group.share(None)

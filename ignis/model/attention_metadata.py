@@ -1,7 +1,7 @@
 """What one forward over a flat ragged batch needs to know about the paged KV cache.
 
 The engine builds this once per step (on the host, then one copy to the device); the
-forward only passes it through to `kernels.write_kv` / `kernels.paged_attention`.
+forward only passes it through to `ignis_kernels.write_kv` / `ignis_kernels.paged_attention`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ class AttentionMetadata:
     # Host-side sizes so kernels can size their grids without reading device tensors.
     max_query_len: int
     max_seq_len: int
-    # A stand-in for kernels.paged_attention (same signature) chosen per step by the
-    # engine's runner, e.g. its batched CPU path; None = kernels.paged_attention.
+    # A stand-in for ignis_kernels.paged_attention (same signature) chosen per step by the
+    # engine's runner, e.g. its batched CPU path; None = ignis_kernels.paged_attention.
     attention_op: Callable[..., torch.Tensor] | None = None
-    # A stand-in for kernels.write_kv (same signature), e.g. the runner's CPU writer that
-    # prepares its index once per step rather than once per layer; None = kernels.write_kv.
+    # A stand-in for ignis_kernels.write_kv (same signature), e.g. the runner's CPU writer that
+    # prepares its index once per step rather than once per layer; None = ignis_kernels.write_kv.
     write_kv_op: Callable[..., None] | None = None
 
     @classmethod

@@ -174,7 +174,7 @@ def decode_q6_k(raw: np.ndarray, qtype: QT, n_cols: int) -> tuple[np.ndarray, np
 
 
 # Block types whose scales are six-bit multiples of a super-block's (d, dmin): held as they
-# are by the nibble formats (kernels/cpu/quant_gemm.h's K types' scales), not as fp32 pairs.
+# are by the nibble formats (ignis_kernels/cpu/quant_gemm.h's K types' scales), not as fp32 pairs.
 K_SCALE_TYPES = frozenset({QT.Q4_K, QT.Q5_K})
 
 

@@ -15,14 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
-import kernels.moe as moe_ops
+import ignis_kernels
+import ignis_kernels.moe as moe_ops
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import KVCache
 from ignis.model.mxfp4 import dequantize_hf
 from ignis.model.rope import Rope, apply_rotary
-from kernels.moe_mxfp4 import moe_mxfp4
+from ignis_kernels.moe_mxfp4 import moe_mxfp4
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -68,7 +68,7 @@ class Linear(nn.Module):
 
 class MLP(nn.Module):
     """A gated MLP: down(glu(gate(x), up(x))), gate and up fused into one [2I, H] weight
-    (SwiGLU with silu, GeGLU with gelu_tanh: kernels.moe.glu)."""
+    (SwiGLU with silu, GeGLU with gelu_tanh: ignis_kernels.moe.glu)."""
 
     def __init__(
         self, hidden: int, intermediate: int, bias: bool, dtype: torch.dtype, device: torch.device | str,
@@ -123,7 +123,7 @@ class SparseMoE(nn.Module):
     """Top-k routed experts (Mixtral, Qwen3-MoE, gpt-oss): a router [E, H] (gpt-oss: with a
     bias), softmax over every expert, the top k renormalised (norm_topk_prob), or (gpt-oss)
     the top k logits softmaxed; each token's gated MLPs weighted and summed. On CUDA (or the triton backend) the grouped GEMM kernel runs all experts of a
-    step in two launches (kernels.moe); on the CPU only the experts some token chose run,
+    step in two launches (ignis_kernels.moe); on the CPU only the experts some token chose run,
     each over its own tokens (through its packed GEMMs when the form has them)."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
@@ -144,7 +144,7 @@ class SparseMoE(nn.Module):
         weights, ids = moe_ops.route(self.gate(x), self.top_k, renormalize=self.renormalize,
                                      softmax_first=self.softmax_first)
         ex = self.experts
-        if ex.expert_ops is None and (x.is_cuda or kernels.get_backend() == "triton"):
+        if ex.expert_ops is None and (x.is_cuda or ignis_kernels.get_backend() == "triton"):
             extra = dict(gate_up_bias=ex.gate_up_proj_bias, down_bias=ex.down_proj_bias, alpha=self.alpha,
                          limit=self.limit)
             if ex.mxfp4:
@@ -237,13 +237,13 @@ class Attention(nn.Module):
         qk = apply_rotary(qk, *rope)  # q and k rotated together: one set of elementwise ops
         q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         k_cache, v_cache = kv_cache
-        (meta.write_kv_op or kernels.write_kv)(k, v, k_cache, v_cache, meta.slot_mapping)
+        (meta.write_kv_op or ignis_kernels.write_kv)(k, v, k_cache, v_cache, meta.slot_mapping)
         extra: dict[str, object] = {}
         if self.softcap is not None:
             extra["softcap"] = self.softcap
         if self.sinks is not None:
             extra["sinks"] = self.sinks
-        o = (meta.attention_op or kernels.paged_attention)(
+        o = (meta.attention_op or ignis_kernels.paged_attention)(
             q,
             k_cache,
             v_cache,

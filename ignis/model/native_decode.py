@@ -1,4 +1,4 @@
-"""Decode steps of a packed CPU model through one native call (kernels/cpu/decode.cpp).
+"""Decode steps of a packed CPU model through one native call (ignis_kernels/cpu/decode.cpp).
 
     native = NativeDecoder.build(model)          # None: this model or machine has no native path
     hidden = native(input_ids, positions, kv_caches, slots, block_tables, seq_lens)
@@ -30,7 +30,7 @@ from ignis.model.kv_cache import KVCaches
 from ignis.model.layers import MLP, Linear, RMSNorm, SparseMoE
 from ignis.model.lm_head import NARROW_ROWS
 from ignis.model.transformer import Transformer
-from kernels import cpu_native
+from ignis_kernels import cpu_native
 
 if TYPE_CHECKING:  # packed.py imports gguf, which an image without it never needs here
     from ignis.model.packed import PackedLinear
@@ -181,7 +181,7 @@ class NativeDecoder:
         Transformer whose projections (and experts) each have one int4, int5, q8, int4-pair,
         mxfp4 or int8 GEMM (beside a bf16 one in every dense projection, or in none), layers
         the op does not compute (`unsupported`), unusual norms, or no native op on this
-        machine (kernels.cpu_native.load)."""
+        machine (ignis_kernels.cpu_native.load)."""
         if not isinstance(model, Transformer) or model.device.type != "cpu":
             return None
         if model.weight_form not in ("quantized", "mixed") or model.embed_op is None:

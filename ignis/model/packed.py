@@ -1,10 +1,10 @@
 """Compact CPU weight forms, built once at load from a GGUF file's blocks.
 
 Which form, and which GEMMs each is built from on this machine, is decided by
-ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
+ignis/model/weight_plan.py (from ignis_kernels.cpu_platform). The ops here:
   Int4Linear   4-bit weights, one (scale, zero) per 32 inputs: a 4-bit block file's values
                exactly (Q4_0, Q4_1, Q4_K), in a layout of ours, through the native op's
-               GEMM (kernels/cpu/quant_gemm.h), or torch's int4 one where the op cannot be built.
+               GEMM (ignis_kernels/cpu/quant_gemm.h), or torch's int4 one where the op cannot be built.
   Int5Linear   5-bit blocks (Q5_0, Q5_1, Q5_K, and 4-bit ones fused beside them) exactly:
                the same nibbles plus a word of fifth bits per 32, 0.875 bytes a weight.
   Q8Linear     Q8_0 exactly (and Q5_0 / Q4_0 fused beside it): int8 values and the file's
@@ -24,7 +24,7 @@ ignis/model/weight_plan.py (from kernels.cpu_platform). The ops here:
 Steps of WIDEN_ROWS rows or more (prefill chunks) through a narrow op widen its weight
 for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster there, no
 copy kept. Where the native op has a many-row body for the op's blocks (`many`: Q4_K and
-Q6_K on AVX2 CPUs without AVX-512; kernels/cpu/quant_gemm_many.h, 8-bit activations per
+Q6_K on AVX2 CPUs without AVX-512; ignis_kernels/cpu/quant_gemm_many.h, 8-bit activations per
 256 as llama.cpp's) every step goes through it instead, and `mixed` keeps no copy of it. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
 fp32 at decode sizes): each op casts its input to what its kernel takes. The LM head is
 ignis/model/lm_head.py's.
@@ -75,7 +75,7 @@ from ignis.model.mxfp4 import E2M1
 from ignis.model.lm_head import NARROW_ROWS, Int8DynamicHead, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
 from ignis.model.weight_plan import WeightPlan
-from kernels import cpu_native, cpu_platform
+from ignis_kernels import cpu_native, cpu_platform
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _fp32_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _blocked(a: np.ndarray) -> np.ndarray:
-    """Per-group data [N, G, ...] in the nibble formats' row order (kernels/cpu/quant_gemm.h,
+    """Per-group data [N, G, ...] in the nibble formats' row order (ignis_kernels/cpu/quant_gemm.h,
     Weights::unit): blocks of eight rows, group-major within a block (block b's group g holds
     its eight rows' in turn), the last N % 8 rows row by row after them. Same shape."""
     n, g = a.shape[:2]
@@ -252,7 +252,7 @@ class Int4Linear(PackedLinear):
     in the high one) and fp32 (scale, offset) pairs [N, K/32, 2] (a 4-bit block file's values
     exactly), rows in blocks of eight group by group (_blocked). Steps of fewer than
     WIDEN_ROWS rows go through the native op's GEMM over exactly these
-    (kernels/cpu/quant_gemm.h, fp32 activations) where it is built; elsewhere
+    (ignis_kernels/cpu/quant_gemm.h, fp32 activations) where it is built; elsewhere
     through torch's int4 weight-only GEMM over a packing of its own, made only then (bf16
     activations and scales; its layout is private and differs between CPUs, so it is never
     read back). From WIDEN_ROWS rows the weight is widened and multiplied densely."""
@@ -299,7 +299,7 @@ class Int5Linear(PackedLinear):
     w = q * scale + offset, q in [0, 32), one (scale, offset) per 32 inputs. Int4Linear's
     nibbles and pairs plus each group's fifth bits as one 32-bit word (bit i: element 2i's,
     bit 16 + i: element 2i + 1's), 0.875 bytes a weight, through the native op's GEMM
-    (kernels/cpu/quant_gemm.h); widened and multiplied densely from WIDEN_ROWS rows."""
+    (ignis_kernels/cpu/quant_gemm.h); widened and multiplied densely from WIDEN_ROWS rows."""
 
     form = "int5"
 
@@ -336,7 +336,7 @@ class Q6Linear(PackedLinear):
     an int8 scale sc per 16 inputs and an fp32 d per 256. Int4Linear's nibbles hold q's low
     four bits; the high two go eight bytes a group (byte j: elements 2j + 1, 2j + 17, 2j,
     2j + 16, two bits each), the scales [N, K/32, 2] and d [N, K/256] beside them, all
-    _blocked (kernels/cpu/quant_gemm.h's kQ6: multiplied into x as bytes, the bias + 32 taken
+    _blocked (ignis_kernels/cpu/quant_gemm.h's kQ6: multiplied into x as bytes, the bias + 32 taken
     out per four products and sc applied in the integer sums). Widened and multiplied densely
     from WIDEN_ROWS rows."""
 
@@ -424,7 +424,7 @@ class StackedLinear(PackedLinear):
 class Q8Linear(PackedLinear):
     """Q8_0's values as the file holds them, w = q * d with q int8 and one fp16 d per 32
     inputs (and Q5_0 / Q4_0 blocks fused beside them: d * (q - 16), d * (q - 8)), 1.06
-    bytes a weight, through the native op's GEMM (kernels/cpu/quant_gemm.h). It takes the
+    bytes a weight, through the native op's GEMM (ignis_kernels/cpu/quant_gemm.h). It takes the
     tensors as given: a tied head multiplies by the embedding table's own (Q8Embedding)."""
 
     form = "q8"
@@ -452,7 +452,7 @@ class Mx4Linear(PackedLinear):
     """MXFP4 weights (gpt-oss's experts) as the file holds them: e2m1 codes two a byte (as
     Int4Linear's nibbles: element 2i low, 2i + 1 high) and one e8m0 exponent byte per 32
     inputs, w = e2m1(code) * 2^(e - 127), 0.53 bytes a weight, rows in blocks of eight group
-    by group (_blocked), through the native op's GEMM (kernels/cpu/quant_gemm.h, kMX4);
+    by group (_blocked), through the native op's GEMM (ignis_kernels/cpu/quant_gemm.h, kMX4);
     widened and multiplied densely from WIDEN_ROWS rows."""
 
     form = "mxfp4"

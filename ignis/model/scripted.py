@@ -47,7 +47,7 @@ import torch
 import yaml
 from torch import nn
 
-import kernels
+import ignis_kernels
 from ignis.model.attention_metadata import AttentionMetadata
 from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import KVCaches
@@ -195,7 +195,7 @@ class ScriptedModel(nn.Module):
     ) -> torch.Tensor:
         k_cache, v_cache = kv_caches[0]
         rows = torch.stack((input_ids.to(torch.float32), torch.ones_like(input_ids, dtype=torch.float32)), dim=-1)
-        kernels.write_kv(rows[:, None, :], rows[:, None, :], k_cache, v_cache, meta.slot_mapping)
+        ignis_kernels.write_kv(rows[:, None, :], rows[:, None, :], k_cache, v_cache, meta.slot_mapping)
         out = torch.full((input_ids.shape[0], 1), -1.0, device=input_ids.device)
         block_size = k_cache.shape[1]
         written = k_cache.view(-1, 2)[:, 0]  # the per-layer cache views are contiguous

@@ -9,14 +9,14 @@ The forms (`model.weight_form`, built by ignis/model/packed.py):
   bfloat16   oneDNN's bf16 GEMMs; only where oneDNN has them (AVX512-BW/VL/DQ or
              AVX-NE-CONVERT CPUs).
   quantized  the file's quantization: 4-, 5- and 8-bit blocks exactly through the native
-             op's GEMMs (`int4`: kernels/cpu/quant_gemm.h; without the op 4-bit blocks go
+             op's GEMMs (`int4`: ignis_kernels/cpu/quant_gemm.h; without the op 4-bit blocks go
              through torch's int4 GEMM) or requantized to torch's int8 one, other types int8. Steps of WIDEN_ROWS rows or more (prefill chunks) widen each weight
              to `widen_to` for the step (bf16 for oneDNN's bf16 GEMM where it runs, else fp32).
   mixed      the quantized GEMMs for steps of up to NARROW_ROWS rows beside a kept `wide`
              copy for wider ones: bf16 where oneDNN has it, else fbgemm's fp16 (fp16
              weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
              A weight whose native GEMM has a many-row body (Q4_K, Q6_K on AVX2 CPUs
-             without AVX-512: kernels.cpu_native.many_rows, 8-bit activations from 16
+             without AVX-512: ignis_kernels.cpu_native.many_rows, 8-bit activations from 16
              rows on) keeps no copy: its own GEMM is the faster at every row count.
 The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and for few rows
 int8 with dynamic-quantized activations (at 7 bits where the CPU lacks VNNI), or a large
@@ -35,8 +35,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels import cpu_native, cpu_platform
-from kernels.cpu_platform import CpuPlatform
+from ignis_kernels import cpu_native, cpu_platform
+from ignis_kernels.cpu_platform import CpuPlatform
 
 WEIGHT_FORMS = ("auto", "float32", "bfloat16", "quantized", "mixed")
 # The largest engine batch (max_num_seqs) for which `auto` keeps a file's quantization
@@ -78,7 +78,7 @@ def plan_weights(
     a one-user engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is `mixed` otherwise; HF
     checkpoints and CUDA keep float32. An explicit form this machine cannot run raises
     UnsupportedWeightForm naming what is missing. `native`: whether the native op (and its
-    int4 GEMM) is built here; None asks kernels.cpu_native (building it once if needed)."""
+    int4 GEMM) is built here; None asks ignis_kernels.cpu_native (building it once if needed)."""
     if form not in WEIGHT_FORMS:
         raise ValueError(f"unknown weight form {form!r}; expected one of {WEIGHT_FORMS}")
     if device.type != "cpu":

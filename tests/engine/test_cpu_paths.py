@@ -10,9 +10,9 @@ import torch
 
 from ignis.config import EngineConfig
 from ignis.engine import LLMEngine, SamplingParams
-from kernels import BatchedCpuAttention
+from ignis_kernels import BatchedCpuAttention
 from ignis.model import LoadedModel
-from kernels import paged_attention_ref
+from ignis_kernels import paged_attention_ref
 
 
 @pytest.mark.parametrize("window", [None, 5])
@@ -95,7 +95,7 @@ def test_engine_matches_the_simple_generator_with_sliding_windows(tmp_path) -> N
 def test_penalty_token_buffers_follow_the_sequences(tiny: LoadedModel) -> None:
     """The runner's per-sequence penalty arrays (copied once, appended to) give the padded
     lists of the whole prompt and output, step after step; rows without penalties are empty."""
-    from kernels.sampling_tensors import _pad
+    from ignis_kernels.sampling_tensors import _pad
 
     engine = LLMEngine(tiny, EngineConfig(num_kv_blocks=64, block_size=4))
     pen = SamplingParams(max_tokens=40, temperature=1.0, seed=3, repetition_penalty=1.3, frequency_penalty=0.4,

@@ -47,7 +47,7 @@ def test_mxfp4_checkpoint_serves_packed(gpt_oss: LoadedModel, tmp_path: Path) ->
     """The released checkpoints' form (MXFP4 experts): load_model keeps the experts packed
     on the CPU (mxfp4 GEMMs over the file's nibbles, no dense copy) and the engine's greedy
     tokens equal the reference loop's over the same values held dense."""
-    from kernels import cpu_native
+    from ignis_kernels import cpu_native
     from tests.model.tiny_models import mxfp4_gpt_oss
 
     dense_dir, mx_dir = mxfp4_gpt_oss(Path(gpt_oss.path), tmp_path / "dense", tmp_path / "mxfp4")

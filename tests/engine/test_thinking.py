@@ -218,7 +218,7 @@ def test_a_grammar_carries_its_own_budget(tiny: LoadedModel, monkeypatch: pytest
 def test_sampler_kernel_draws_only_allowed_tokens_of_masked_rows() -> None:
     """Masked rows are mostly -inf: the Triton kernel (interpreted here) draws what the
     reference draws, always an allowed token, with the same logprobs."""
-    from kernels.sampling import SamplingTensors, sample
+    from ignis_kernels.sampling import SamplingTensors, sample
 
     B, V = 6, 96
     g = torch.Generator().manual_seed(0)

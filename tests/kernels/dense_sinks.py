@@ -2,7 +2,7 @@
 tests: transformers' eager formula, in float64. Each query row's scores get one more
 logit column, the head's sink; the row is softmaxed and that column dropped, so the sink
 only enlarges the denominator. Reads the paged caches by its own indexing (not
-kernels.attention_ref's gather), so it shares no code with the implementations it checks."""
+ignis_kernels.attention_ref's gather), so it shares no code with the implementations it checks."""
 
 from __future__ import annotations
 

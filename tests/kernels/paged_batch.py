@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention_ref import gather_kv
+from ignis_kernels.attention_ref import gather_kv
 
 
 @dataclass

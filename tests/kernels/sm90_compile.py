@@ -29,14 +29,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.attention import tile_config
-from kernels.attention_kernel import paged_attention_kernel
-from kernels.moe_kernel import grouped_gemm_kernel
-from kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
-from kernels.attention_split import combine_splits_kernel
-from kernels.kv_cache import _write_kv_kernel
-from kernels.sampling_tensors import GREEDY_EPS
-from kernels.sampling_triton import DEFAULT_CONFIG as SAMPLER, _sample_kernel
+from ignis_kernels.attention import tile_config
+from ignis_kernels.attention_kernel import paged_attention_kernel
+from ignis_kernels.moe_kernel import grouped_gemm_kernel
+from ignis_kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
+from ignis_kernels.attention_split import combine_splits_kernel
+from ignis_kernels.kv_cache import _write_kv_kernel
+from ignis_kernels.sampling_tensors import GREEDY_EPS
+from ignis_kernels.sampling_triton import DEFAULT_CONFIG as SAMPLER, _sample_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 _TY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -202,7 +202,7 @@ def compile_all(quick: bool = False) -> list[dict]:
             k = _compile(_sample_kernel, ptrs, set(), const, SAMPLER.num_warps, stages, divisible=frozenset({"V"}))
             rows.append({"kernel": "sample", "dtype": _TY[dtype], "logprobs": logprobs, "num_stages": stages,
                          "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
-    # The grouped expert GEMM at kernels.moe's default tiles (mixtures of experts).
+    # The grouped expert GEMM at ignis_kernels.moe's default tiles (mixtures of experts).
     for dtype in (torch.bfloat16, torch.float32):
         for bias in (False, True) if not quick else (False,):
             ty = f"*{_TY[dtype]}"
@@ -212,7 +212,7 @@ def compile_all(quick: bool = False) -> list[dict]:
             k = _compile(grouped_gemm_kernel, ptrs, set(), const, 4, 3)
             rows.append({"kernel": "grouped_gemm", "dtype": _TY[dtype], "bias": bias,
                          "shared": k.metadata.shared, **_ptxas_stats(k.asm["ptx"]), **ir_stats(k)})
-    # The MXFP4 grouped GEMM (gpt-oss's experts) at kernels.moe_mxfp4's tiles: tile_m's 16
+    # The MXFP4 grouped GEMM (gpt-oss's experts) at ignis_kernels.moe_mxfp4's tiles: tile_m's 16
     # (decode) and 64 rows, K a multiple of BLOCK_K (2880 = 45 x 64: 16-byte async copies) or
     # not. K is marked divisible by 16 as the runtime does for 2880; bias as gpt-oss has it.
     mxfp4 = [(torch.bfloat16, 16, True), (torch.bfloat16, 64, True), (torch.bfloat16, 16, False),

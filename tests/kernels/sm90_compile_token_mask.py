@@ -1,4 +1,4 @@
-"""Compile the grammar bitmask kernel (kernels.token_mask) for sm_90 without a GPU.
+"""Compile the grammar bitmask kernel (ignis_kernels.token_mask) for sm_90 without a GPU.
 
 A companion of sm90_compile.py (whose compile helpers it reuses), kept apart so the
 two lists can change independently. Run as a script with TRITON_INTERPRET unset:
@@ -14,7 +14,7 @@ import sys
 import torch
 
 from sm90_compile import _TY, _compile, _ptxas_stats  # noqa: E402 - a sibling script
-from kernels.token_mask import BLOCK_V, _token_bitmask_kernel
+from ignis_kernels.token_mask import BLOCK_V, _token_bitmask_kernel
 
 
 def compile_all() -> list[dict]:

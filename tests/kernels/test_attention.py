@@ -23,9 +23,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_attention, paged_attention_ref
-from kernels.attention import TileConfig, paged_attention_triton, tile_config
-from kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits, worth_splitting
+from ignis_kernels import paged_attention, paged_attention_ref
+from ignis_kernels.attention import TileConfig, paged_attention_triton, tile_config
+from ignis_kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits, worth_splitting
 from tests.kernels.dense_sinks import dense_sink_attention, random_sinks
 from tests.kernels.paged_batch import PagedBatch, make_paged_batch
 

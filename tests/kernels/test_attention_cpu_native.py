@@ -1,5 +1,5 @@
-"""The native paged decode attention (kernels/cpu/decode.cpp through
-kernels.attention_cpu_native.NativeCpuAttention) against kernels' reference."""
+"""The native paged decode attention (ignis_kernels/cpu/decode.cpp through
+ignis_kernels.attention_cpu_native.NativeCpuAttention) against kernels' reference."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import cpu_native, cpu_platform, paged_attention_ref
-from kernels.attention_cpu_native import NativeCpuAttention
+from ignis_kernels import cpu_native, cpu_platform, paged_attention_ref
+from ignis_kernels.attention_cpu_native import NativeCpuAttention
 from tests.kernels.dense_sinks import dense_sink_attention, random_sinks
 
 
@@ -159,7 +159,7 @@ def test_every_tier_below_the_host(tier: str, tmp_path: Path) -> None:
     if tier not in TIERS_BELOW:
         pytest.skip(f"this CPU is {cpu_platform.current().host_level}: no tier below it to cap to")
     script = """
-from kernels import cpu_native
+from ignis_kernels import cpu_native
 assert cpu_native.load()
 print(cpu_native.library_path())
 import tests.kernels.test_attention_cpu_native as t

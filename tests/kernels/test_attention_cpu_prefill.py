@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention_cpu import BatchedCpuAttention
-from kernels.attention_cpu_prefill import CpuAttention, prefill_attention_cpu
-from kernels.attention_ref import paged_attention_ref
+from ignis_kernels.attention_cpu import BatchedCpuAttention
+from ignis_kernels.attention_cpu_prefill import CpuAttention, prefill_attention_cpu
+from ignis_kernels.attention_ref import paged_attention_ref
 from tests.kernels.dense_sinks import dense_sink_attention, random_sinks
 
 

@@ -1,5 +1,5 @@
 """A process killed (SIGKILL) during the native op's first compile leaves nothing behind
-(kernels/cpu_native.py): the compiler's whole process group dies with it, and the next
+(ignis_kernels/cpu_native.py): the compiler's whole process group dies with it, and the next
 start removes the build folder it left."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import cpu_native
+from ignis_kernels import cpu_native
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def _group(pgid: int) -> list[str]:
 @pytest.mark.skipif(sys.platform != "linux" or cpu_native._compiler() is None, reason="needs Linux and g++")
 def test_sigkill_during_the_first_compile_leaves_no_compiler_and_no_folder(tmp_path: Path) -> None:
     env = dict(os.environ, IGNIS_CACHE_DIR=str(tmp_path))
-    code = "from kernels import cpu_native\ncpu_native._build(cpu_native._compiler(), cpu_native.library_path())"
+    code = "from ignis_kernels import cpu_native\ncpu_native._build(cpu_native._compiler(), cpu_native.library_path())"
     owner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
     native = tmp_path / "native"
     end = time.monotonic() + 60

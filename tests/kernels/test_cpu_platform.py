@@ -1,4 +1,4 @@
-"""kernels.cpu_platform: one object says what this CPU and torch run; IGNIS_CPU_CAPS caps it.
+"""ignis_kernels.cpu_platform: one object says what this CPU and torch run; IGNIS_CPU_CAPS caps it.
 
 Machines this suite does not run on are built by hand (a CpuPlatform, or /proc/cpuinfo's
 flags); the cap itself is checked in fresh processes, since torch reads it once."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import cpu_platform
-from kernels.cpu_platform import CpuPlatform, capped_flags, tier_of
+from ignis_kernels import cpu_platform
+from ignis_kernels.cpu_platform import CpuPlatform, capped_flags, tier_of
 
 ROOT = Path(__file__).resolve().parents[2]
 ZEN5 = frozenset(["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile"])
@@ -89,7 +89,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_this_machine_and_every_cap_below_it() -> None:
     """In fresh processes: the cap takes torch's kernels and oneDNN's bf16 GEMM down with it."""
     host = cpu_platform.current().host_level
-    code = ("import kernels, torch; from kernels import cpu_platform as c; p = c.current(); "
+    code = ("import ignis_kernels, torch; from ignis_kernels import cpu_platform as c; p = c.current(); "
             "print(p.level, p.host_level, torch.backends.cpu.get_cpu_capability(), p.has_gemm('bf16'))")
     for cap in cpu_platform.LEVELS[: cpu_platform.LEVELS.index(host) + 1]:
         proc = _python(code, IGNIS_CPU_CAPS=cap)
@@ -110,5 +110,5 @@ def test_a_cap_that_comes_too_late_is_an_error() -> None:
         pytest.skip("no tier below this CPU's")
     cap = cpu_platform.tier_below(cpu_platform.current().host_level)
     proc = _python(f"import os, torch; torch.ones(8).add_(1); os.environ['IGNIS_CPU_CAPS'] = {cap!r}; "
-                   "import kernels; kernels.cpu_platform.current()")
+                   "import ignis_kernels; ignis_kernels.cpu_platform.current()")
     assert proc.returncode != 0 and "was set after torch had chosen its" in proc.stderr

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.moe import group_by_expert, grouped_gemm, grouped_gemm_triton, moe, route
-from kernels.moe_ref import grouped_gemm_ref
+from ignis_kernels.moe import group_by_expert, grouped_gemm, grouped_gemm_triton, moe, route
+from ignis_kernels.moe_ref import grouped_gemm_ref
 
 
 def _grouped(counts: list[int], n: int, k: int, dtype: torch.dtype, seed: int = 0):

@@ -1,15 +1,15 @@
 """The grouped per-expert GEMM over MXFP4 weights (Triton, interpreted) against its reference,
 the reference against a dense dequantization written here from the format's bit rules, and
-the MoE block over MXFP4 against kernels.moe_ref.moe_ref on the dequantized weights."""
+the MoE block over MXFP4 against ignis_kernels.moe_ref.moe_ref on the dequantized weights."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.moe_mxfp4 import grouped_gemm_mxfp4, grouped_gemm_mxfp4_triton, moe_mxfp4, tile_m
-from kernels.moe_mxfp4_ref import dequantize_mxfp4, grouped_gemm_mxfp4_ref
-from kernels.moe_ref import moe_ref, route
+from ignis_kernels.moe_mxfp4 import grouped_gemm_mxfp4, grouped_gemm_mxfp4_triton, moe_mxfp4, tile_m
+from ignis_kernels.moe_mxfp4_ref import dequantize_mxfp4, grouped_gemm_mxfp4_ref
+from ignis_kernels.moe_ref import moe_ref, route
 
 
 def _dense(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""kernels/cpu/quant_gemm.h's AVX-512 bodies, on any x86 CPU: qgemm_emulated.cpp runs them
+"""ignis_kernels/cpu/quant_gemm.h's AVX-512 bodies, on any x86 CPU: qgemm_emulated.cpp runs them
 through SIMDe's intrinsics (Debian's libsimde-dev, `make test` installs it), with and without
 the AVX512-VNNI body of the mxfp4 form, and the AVX2 bodies natively, each against a float64
 product of each format's weights. On an AVX2 machine (CI's may be one) nothing else runs the

@@ -17,10 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sampling import SamplingTensors, logprob_distribution, sample
-from kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
-from kernels.sampling_ref import inverse_temperature, keep_mask, row_keys, sample_ref, uniform_bits
-from kernels.sampling_triton import TritonSamplerConfig, _mix32, _row_keys, sample_triton, sample_triton_debug
+from ignis_kernels.sampling import SamplingTensors, logprob_distribution, sample
+from ignis_kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
+from ignis_kernels.sampling_ref import inverse_temperature, keep_mask, row_keys, sample_ref, uniform_bits
+from ignis_kernels.sampling_triton import TritonSamplerConfig, _mix32, _row_keys, sample_triton, sample_triton_debug
 
 # Tiny chunks and scratch so a few hundred tokens exercise every path of the kernel:
 # several chunks per pass, candidates copied whole / bucket only / not at all.
@@ -279,7 +279,7 @@ def test_keep_mask_without_rank_filters_is_the_sorted_definition(seed):
 
 def test_int32_hash_is_the_int64_definition(seed):
     """The CPU path's int32 hash gives the same 32 bits as `uniform_bits`."""
-    from kernels.sampling_ref import uniform_bits_i32
+    from ignis_kernels.sampling_ref import uniform_bits_i32
 
     g = torch.Generator().manual_seed(seed)
     seeds = torch.cat([torch.tensor([0, -1, 2**63 - 1, -(2**63)]), torch.randint(-(2**62), 2**62, (12,), generator=g)])

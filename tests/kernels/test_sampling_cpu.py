@@ -1,5 +1,5 @@
-"""The CPU path (kernels.sampling_cpu): the reference's draw from each row's largest
-logits, without the sort. Against kernels.sampling_ref on the random rows of
+"""The CPU path (ignis_kernels.sampling_cpu): the reference's draw from each row's largest
+logits, without the sort. Against ignis_kernels.sampling_ref on the random rows of
 test_sampling.py (ties, -inf, penalties, every filter), with few candidates so that
 both the covered rows and the fallback are exercised; then a realistic vocabulary."""
 
@@ -10,11 +10,11 @@ import random
 import pytest
 import torch
 
-from kernels.sampling import sample
-from kernels.sampling_cpu import _candidate_keep, sample_cpu
-from kernels.sampling_penalties import apply_penalties_dense
-from kernels.sampling_ref import keep_mask, sample_ref
-from kernels.sampling_tensors import SamplingTensors
+from ignis_kernels.sampling import sample
+from ignis_kernels.sampling_cpu import _candidate_keep, sample_cpu
+from ignis_kernels.sampling_penalties import apply_penalties_dense
+from ignis_kernels.sampling_ref import keep_mask, sample_ref
+from ignis_kernels.sampling_tensors import SamplingTensors
 from tests.kernels.test_sampling import boundary_tie, random_logits, random_params, seed  # noqa: F401
 
 

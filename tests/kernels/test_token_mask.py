@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.token_mask import (
+from ignis_kernels.token_mask import (
     BLOCK_V,
     apply_token_bitmask_,
     apply_token_bitmask_triton_,
 )
-from kernels.token_mask_ref import (
+from ignis_kernels.token_mask_ref import (
     apply_token_bitmask_cpu_,
     apply_token_bitmask_ref_,
     unpack_bits_ref,

@@ -1,4 +1,4 @@
-"""The weight-only quantized matmul (kernels/wo_matmul.py) against its reference, in
+"""The weight-only quantized matmul (ignis_kernels/wo_matmul.py) against its reference, in
 Triton's interpreter (tiny shapes: every program-iteration costs ~4 ms), and its tile
 configurations compiled for sm_90 without a GPU (a subprocess: this one interprets)."""
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 import triton
 
-from kernels.wo_matmul import WoTileConfig, wo_matmul, wo_matmul_triton
-from kernels.wo_matmul_ref import (
+from ignis_kernels.wo_matmul import WoTileConfig, wo_matmul, wo_matmul_triton
+from ignis_kernels.wo_matmul_ref import (
     dequantize_weight,
     pack_int4,
     unpack_int4,

@@ -14,8 +14,8 @@ import random
 import pytest
 import torch
 
-from kernels import write_kv, write_kv_ref
-from kernels.kv_cache import write_kv_triton
+from ignis_kernels import write_kv, write_kv_ref
+from ignis_kernels.kv_cache import write_kv_triton
 
 
 @pytest.fixture

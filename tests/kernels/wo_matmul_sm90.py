@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.wo_matmul import wo_matmul_kernel, wo_tile_config
+from ignis_kernels.wo_matmul import wo_matmul_kernel, wo_tile_config
 
 TARGET = GPUTarget("cuda", 90, 32)
 

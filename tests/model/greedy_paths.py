@@ -35,7 +35,7 @@ def run(gguf: str | None, form: str, max_num_seqs: int, lengths: tuple[int, ...]
     from ignis.config import EngineConfig
     from ignis.engine import LLMEngine, SamplingParams
     from ignis.model.loader import load_model
-    from kernels import cpu_platform
+    from ignis_kernels import cpu_platform
 
     loaded = load_model(gguf, progress=False, weight_form=form, max_num_seqs=max_num_seqs)
     engine = LLMEngine(loaded, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024,

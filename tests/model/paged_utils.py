@@ -20,9 +20,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def quant_gemm_rtol(bits: int = 4, mxfp4: bool = False) -> float:
     """How close the native quantized GEMMs come to the file's weight times x (relative to
     the largest output): fp32 activations, or int16 ones per group of 32 (within 2^-15 of
-    each group's largest |x|, kernels/cpu/quant_gemm.h) on the AVX2 tier, for the 8-bit
+    each group's largest |x|, ignis_kernels/cpu/quant_gemm.h) on the AVX2 tier, for the 8-bit
     form wherever AVX2 is (AVX-512 too), and for MXFP4 where AVX512-VNNI is."""
-    from kernels import cpu_platform
+    from ignis_kernels import cpu_platform
 
     p = cpu_platform.current()
     vnni = p.level == "avx512" and "avx512_vnni" in p.flags

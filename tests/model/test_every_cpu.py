@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from ignis.model.weight_plan import plan_weights
-from kernels import cpu_platform
+from ignis_kernels import cpu_platform
 
 ROOT = Path(__file__).resolve().parents[2]
 NEAR_TIE = 0.3
@@ -93,7 +93,7 @@ def test_every_form_on_every_tier_answers_as_float32(tier: str, form: str) -> No
 
 @cache
 def _has_bf16(tier: str) -> bool:
-    code = "import kernels; from kernels import cpu_platform as c; print(c.current().has_gemm('bf16'))"
+    code = "import ignis_kernels; from ignis_kernels import cpu_platform as c; print(c.current().has_gemm('bf16'))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(None if tier == HOST else tier),
                           capture_output=True, text=True, timeout=300, check=False)
     return proc.stdout.strip().endswith("True")

@@ -19,7 +19,7 @@ import gguf
 import pytest
 import torch
 
-from kernels import cpu_native
+from ignis_kernels import cpu_native
 
 from ignis.model.gguf_loader import config_from_gguf, iter_gguf_weights
 from ignis.model.hf_loader import iter_hf_weights, read_hf_config
@@ -275,7 +275,7 @@ def test_triton_kernels_match_reference(built: dict[str, dict[str, Any]], name: 
     """The forward through the Triton kernels (interpreted): soft-capped paged attention and
     attention with sinks, the grouped expert GEMM (with biases) and the grouped MXFP4 GEMM
     over experts held as the checkpoint's blocks give the reference path's logits."""
-    import kernels
+    import ignis_kernels
 
     if name == "gpt-oss-mxfp4":
         from tests.model.tiny_models import mxfp4_gpt_oss
@@ -288,14 +288,14 @@ def test_triton_kernels_match_reference(built: dict[str, dict[str, Any]], name: 
         model = _ignis_hf(built[name])
     a, b = (p[:11] for p in _prompts(model.config.vocab_size, seed=5))
     chunks = [[a[:6], a[6:]], [b[:3], b[3:8], b[8:]]]
-    previous = kernels.get_backend()
+    previous = ignis_kernels.get_backend()
     try:
-        kernels.set_backend("torch")
+        ignis_kernels.set_backend("torch")
         reference = flat_forward_logits(model, chunks)
-        kernels.set_backend("triton")
+        ignis_kernels.set_backend("triton")
         got = flat_forward_logits(model, chunks)
     finally:
-        kernels.set_backend(previous)
+        ignis_kernels.set_backend(previous)
     for x, y in zip(got, reference):
         assert rel_err(x, y) <= 1e-5
 

@@ -241,18 +241,18 @@ def test_load_weights_rejects_bad_checkpoints(built: Callable[[str], dict[str, A
 def test_triton_kernels_match_reference(built: Callable[[str], dict[str, Any]], name: str) -> None:
     """The forward through the Triton kernels (interpreted on CPU, as conftest sets up):
     the strided q/k/v views, int32/int64 metadata and hints the model passes fit their contract."""
-    import kernels
+    import ignis_kernels
 
     model: Transformer = built(name)["ignis"]
     a, b = _prompts(model.config.vocab_size, [13, 6], seed=6)
     chunks = [[a[:7], a[7:12], a[12:]], [b[:3], b[3:5], b[5:]]]
-    previous = kernels.get_backend()
+    previous = ignis_kernels.get_backend()
     try:
-        kernels.set_backend("torch")
+        ignis_kernels.set_backend("torch")
         reference = flat_forward_logits(model, chunks)
-        kernels.set_backend("triton")
+        ignis_kernels.set_backend("triton")
         got = flat_forward_logits(model, chunks)
     finally:
-        kernels.set_backend(previous)
+        ignis_kernels.set_backend(previous)
     for x, y in zip(got, reference):
         assert rel_err(x, y) <= 1e-5

@@ -76,7 +76,7 @@ def test_wide_int_blocks_are_held_exactly(qtype: Q, form: str) -> None:
     """Q5_0 / Q5_1 (and Q5_K, checked on raw blocks below) become int5 weights, Q8_0 int8
     values with their block scales, MXFP4 its e2m1 nibbles and exponent bytes, the file's
     values; the op's product equals the dequantized weight's."""
-    from kernels import cpu_native
+    from ignis_kernels import cpu_native
 
     if not cpu_native.load():
         pytest.skip("the native int4 GEMM is not built on this machine")

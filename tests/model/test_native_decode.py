@@ -1,4 +1,4 @@
-"""The native CPU decode step (kernels/cpu/decode.cpp via ignis/model/native_decode.py)
+"""The native CPU decode step (ignis_kernels/cpu/decode.cpp via ignis/model/native_decode.py)
 against the eager forward it replaces, on tiny GGUF models in each packed form it serves.
 
 Tolerance, documented: the native step runs the same GEMMs on the same bf16 inputs and
@@ -37,14 +37,14 @@ from ignis.model.hf_loader import read_hf_config
 from ignis.model.loader import load_model
 from ignis.model.native_decode import NativeDecoder, _linears, unsupported
 from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights
-from kernels import cpu_native, cpu_platform
-from kernels.attention_cpu_native import NativeCpuAttention
+from ignis_kernels import cpu_native, cpu_platform
+from ignis_kernels.attention_cpu_native import NativeCpuAttention
 from tests.model.paged_utils import block_tables_for, rel_err
 from tests.model.llamacpp_convert import convert, converter_dir
 from tests.model.tiny_models import build_tiny_gguf, build_tiny_model, build_tiny_spm
 
 TOL = 3e-2  # any row of any step
-# The median row; 5e-4 where a GEMM rounds x to int16 per group of 32 (kernels/cpu/quant_gemm.h:
+# The median row; 5e-4 where a GEMM rounds x to int16 per group of 32 (ignis_kernels/cpu/quant_gemm.h:
 # every form on the AVX2 tier, the q8 form wherever AVX2 is), as a last-bit difference between
 # the two paths' inputs can move a rounding by 2^-16 of the group's largest.
 # A bf16 KV cache can round such a difference up a bf16 step in a key: 2e-3 there.

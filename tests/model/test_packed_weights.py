@@ -32,8 +32,8 @@ from ignis.model.packed import (
     wide_linear,
 )
 from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights, wide_kind
-from kernels import cpu_native, cpu_platform
-from kernels.cpu_platform import CpuPlatform
+from ignis_kernels import cpu_native, cpu_platform
+from ignis_kernels.cpu_platform import CpuPlatform
 from tests.model.paged_utils import assert_gemm_close, flat_forward_logits, quant_gemm_rtol, rel_err
 from tests.model.tiny_models import build_tiny_gguf, build_tiny_model
 
@@ -169,7 +169,7 @@ def test_int4_gemm_is_the_file_weight_times_x(rows: int) -> None:
 def test_int5_and_q8_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
     """The int5 form (Q5_x) and the q8 form (Q8_0, Q4_0 as d * signed byte) hold the file's
     values bit for bit (widened, and read through their GEMM on identity rows), and multiply
-    any row count within the tier's rounding (kernels/cpu/quant_gemm.h)."""
+    any row count within the tier's rounding (ignis_kernels/cpu/quant_gemm.h)."""
     rng = np.random.default_rng(int(qtype))
     rtol = quant_gemm_rtol(8 if qtype in (Q.Q8_0, Q.Q4_0) else 5)
     k = 256

@@ -29,7 +29,7 @@ from experiments.synthetic_gguf import (
 from ignis.model.gguf_loader import config_from_gguf
 from ignis.model.loader import load_model
 from ignis.model.packed import BlockEmbedding, Q6Table, _Raw, _table
-from kernels import cpu_native
+from ignis_kernels import cpu_native
 from tests.model.paged_utils import flat_forward_logits
 
 VOCAB = 49152 + 40  # SmolLM2's tokens and 40 padding control tokens

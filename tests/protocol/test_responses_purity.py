@@ -10,7 +10,7 @@ from pathlib import Path
 
 import protocol
 
-FORBIDDEN = ("ignis", "sanic", "torch", "asyncio", "kernels", "triton", "numpy")
+FORBIDDEN = ("ignis", "sanic", "torch", "asyncio", "ignis_kernels", "triton", "numpy")
 
 
 def test_protocol_imports_no_runtime():

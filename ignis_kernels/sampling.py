@@ -2,17 +2,17 @@
 
     sample(logits, params, *, return_logprobs=False, inplace_penalties=False, backend=None)
 
-`params` is a `SamplingTensors` (kernels.sampling_tensors: per-row [B] tensors, build it
+`params` is a `SamplingTensors` (ignis_kernels.sampling_tensors: per-row [B] tensors, build it
 with `SamplingTensors.from_lists(...)`). The definition of the draw (penalties,
 thresholds, tie rule, the counter-based noise and the logprob) is in
-kernels.sampling_ref; the Triton kernel draws the same token for the same inputs.
+ignis_kernels.sampling_ref; the Triton kernel draws the same token for the same inputs.
 
 Nothing here reads a value back to the host: greedy rows, per-row filters and
 penalties are all decided on the device (shapes depend only on B, V and the padded
 token-list widths), so a decode step never waits on the sampler. Capturing it in a
 CUDA graph should work for the same reason but is untested.
 
-On the CPU (no Triton) rows with top-k or top-p go through kernels.sampling_cpu: the
+On the CPU (no Triton) rows with top-k or top-p go through ignis_kernels.sampling_cpu: the
 reference's draw from the row's largest logits, without sorting the vocabulary.
 
 `logprob_distribution(logits, params)` is the [B, V] distribution those logprobs come
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.backend import Backend, use_triton
-from kernels.sampling_cpu import sample_cpu
-from kernels.sampling_ref import logprob_distribution, sample_ref
-from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
+from ignis_kernels.backend import Backend, use_triton
+from ignis_kernels.sampling_cpu import sample_cpu
+from ignis_kernels.sampling_ref import logprob_distribution, sample_ref
+from ignis_kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 __all__ = ["GREEDY_EPS", "SamplingTensors", "logprob_distribution", "sample", "sample_ref"]
 
@@ -47,9 +47,9 @@ def sample(
     if logits.dim() != 2 or logits.shape[0] != params.batch_size:
         raise ValueError(f"logits must be [B, V] with B = {params.batch_size}, got {tuple(logits.shape)}")
     if use_triton(logits, backend):
-        # Imported here so that importing `kernels` never compiles or loads Triton code
+        # Imported here so that importing `ignis_kernels` never compiles or loads Triton code
         # before the caller chose the interpreter.
-        from kernels.sampling_triton import sample_triton
+        from ignis_kernels.sampling_triton import sample_triton
 
         return sample_triton(logits, params, return_logprobs=return_logprobs, inplace_penalties=inplace_penalties)
     if logits.device.type == "cpu":  # the reference's draw without its sort (reads flags back: free here)

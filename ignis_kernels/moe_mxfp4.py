@@ -1,13 +1,13 @@
 """Mixture-of-experts ops over MXFP4 expert weights (gpt-oss): the grouped GEMM (Triton or
-reference) and the MoE block over it, kernels.moe's ops with each weight given as
-(blocks, scales) in the layout of gpt-oss's HF checkpoints (kernels.moe_mxfp4_ref).
+reference) and the MoE block over it, ignis_kernels.moe's ops with each weight given as
+(blocks, scales) in the layout of gpt-oss's HF checkpoints (ignis_kernels.moe_mxfp4_ref).
 
     y = grouped_gemm_mxfp4(x, blocks, scales, expert_offsets, bias=None)   # rows grouped by expert
     y = moe_mxfp4(x, weights, ids, gate_up_blocks, gate_up_scales,         # [T, H]
                   down_blocks, down_scales, activation="swiglu_oai",
                   gate_up_bias=None, down_bias=None)
 
-gate_up's rows are gate rows first (kernels.moe_ref's layout); gpt-oss's checkpoints
+gate_up's rows are gate rows first (ignis_kernels.moe_ref's layout); gpt-oss's checkpoints
 interleave them (even rows gate, odd rows up), so the loader permutes the rows of blocks
 and scales at load. Nothing here reads a value back to the host on the Triton path.
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.backend import Backend, interpreting, use_triton
-from kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
-from kernels.moe_mxfp4_ref import check_mxfp4, dequantize_mxfp4, grouped_gemm_mxfp4_ref, moe_mxfp4_ref
+from ignis_kernels.backend import Backend, interpreting, use_triton
+from ignis_kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
+from ignis_kernels.moe_mxfp4_ref import check_mxfp4, dequantize_mxfp4, grouped_gemm_mxfp4_ref, moe_mxfp4_ref
 
 __all__ = ["dequantize_mxfp4", "grouped_gemm_mxfp4", "grouped_gemm_mxfp4_triton", "moe_mxfp4", "tile_m"]
 
@@ -96,7 +96,7 @@ def grouped_gemm_mxfp4(
     out: torch.Tensor | None = None,
     backend: Backend | None = None,
 ) -> torch.Tensor:
-    """Rows offsets[e]:offsets[e+1] of x times expert e's MXFP4 weight (kernels.moe_mxfp4_ref)."""
+    """Rows offsets[e]:offsets[e+1] of x times expert e's MXFP4 weight (ignis_kernels.moe_mxfp4_ref)."""
     if use_triton(x, backend):
         return grouped_gemm_mxfp4_triton(x, blocks, scales, expert_offsets, bias, out)
     return grouped_gemm_mxfp4_ref(x, blocks, scales, expert_offsets, bias, out)
@@ -118,7 +118,7 @@ def moe_mxfp4(
     alpha: float = 1.702,
     limit: float = 7.0,
 ) -> torch.Tensor:
-    """The routed experts' gated MLPs over MXFP4 weights (kernels.moe_mxfp4_ref.moe_mxfp4_ref)."""
+    """The routed experts' gated MLPs over MXFP4 weights (ignis_kernels.moe_mxfp4_ref.moe_mxfp4_ref)."""
     extra = dict(gate_up_bias=gate_up_bias, down_bias=down_bias, alpha=alpha, limit=limit)
     gemm = grouped_gemm_mxfp4_triton if use_triton(x, backend) else grouped_gemm_mxfp4_ref
     return moe_mxfp4_ref(x, weights, ids, gate_up_blocks, gate_up_scales, down_blocks, down_scales, activation,

@@ -1,6 +1,6 @@
-"""The CPU path of `kernels.sample`: the reference's draw, without sorting the vocabulary.
+"""The CPU path of `ignis_kernels.sample`: the reference's draw, without sorting the vocabulary.
 
-kernels.sampling_ref defines the draw and is the oracle; its top-k / top-p rule sorts
+ignis_kernels.sampling_ref defines the draw and is the oracle; its top-k / top-p rule sorts
 each row (a 49k-token row: ~7 ms of a ~20 ms batch-1 step on the 2-core machine, for
 every request with top_p or top_k set, as many models' generation_config does). Every
 filter of the definition keeps an upper set of the row (finite, min_p, top_k and top_p
@@ -29,9 +29,9 @@ from dataclasses import replace
 
 import torch
 
-from kernels.sampling_penalties import apply_penalties_dense
-from kernels.sampling_ref import gumbel, inverse_temperature, row_keys, sample_ref
-from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
+from ignis_kernels.sampling_penalties import apply_penalties_dense
+from ignis_kernels.sampling_ref import gumbel, inverse_temperature, row_keys, sample_ref
+from ignis_kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 __all__ = ["CANDIDATES", "sample_cpu"]
 

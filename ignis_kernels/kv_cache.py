@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import Backend, use_triton
-from kernels.kv_cache_ref import write_kv_ref
+from ignis_kernels.backend import Backend, use_triton
+from ignis_kernels.kv_cache_ref import write_kv_ref
 
 # Elements of one (token, head-chunk) tile; bounds registers for wide models.
 _MAX_TILE = 2048

@@ -1,10 +1,10 @@
-"""The native CPU decode op (kernels/cpu/decode.cpp), compiled once per machine and loaded.
+"""The native CPU decode op (ignis_kernels/cpu/decode.cpp), compiled once per machine and loaded.
 
     if cpu_native.load():
         hidden = torch.ops.ignis_cpu.decode_layers(...)   # see decode.cpp for the arguments
 
 The source is compiled with the system's C++ compiler against the installed torch's
-headers (only the per-operator ones: ~7 s on 2 cores) for the tier kernels/cpu_platform.py
+headers (only the per-operator ones: ~7 s on 2 cores) for the tier ignis_kernels/cpu_platform.py
 chose (-march=native at the host's own tier, the tier's baseline under IGNIS_CPU_CAPS),
 into a cache directory keyed by the source, torch's version, the CPU and the flags, so
 later starts just load it. Where there is no compiler, or the build fails, load() returns False and logs
@@ -34,7 +34,7 @@ FLAGS = ["-O3", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w"]
 
 def flags() -> list[str]:
     """The compiler flags for this machine's tier (cpu_platform.current().native_flags)."""
-    from kernels import cpu_platform
+    from ignis_kernels import cpu_platform
 
     return [*FLAGS, *cpu_platform.current().native_flags]
 
@@ -217,6 +217,6 @@ def _load() -> bool:
 
 def many_rows() -> int:
     """The fewest rows from which the op's Q4_K / Q6_K GEMMs take their many-row body
-    (kernels/cpu/quant_gemm_many.h: 8-bit activations, faster than any dense GEMM here at
+    (ignis_kernels/cpu/quant_gemm_many.h: 8-bit activations, faster than any dense GEMM here at
     every row count), or 0 where the op is not built or has none (AVX-512, non-x86)."""
     return int(torch.ops.ignis_cpu.quant_gemm_many_rows()) if load() else 0

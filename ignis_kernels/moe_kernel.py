@@ -1,6 +1,6 @@
 """The grouped (per-expert) GEMM Triton kernel: one program per (row tile, column tile).
 
-Rows arrive grouped by expert (kernels.moe_ref's layout). Expert e's row tiles are
+Rows arrive grouped by expert (ignis_kernels.moe_ref's layout). Expert e's row tiles are
 numbered from offsets[e] // BLOCK_M + e, which leaves room for its cdiv(count, BLOCK_M)
 tiles, so a grid of M // BLOCK_M + E row tiles covers any grouping and is sized without
 reading the offsets back to the host (the paged-attention kernel numbers its query tiles

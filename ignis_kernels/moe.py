@@ -5,8 +5,8 @@
             gate_up_bias=None, down_bias=None)                          # gpt-oss: biases, swiglu_oai
     y = grouped_gemm(x, w, expert_offsets, bias=None)                  # rows grouped by expert
 
-MXFP4 experts (gpt-oss's, kept packed on the GPU): kernels.moe_mxfp4's grouped_gemm_mxfp4, moe_mxfp4.
-Layouts are kernels.moe_ref's. `moe` runs the same composition on either backend; only
+MXFP4 experts (gpt-oss's, kept packed on the GPU): ignis_kernels.moe_mxfp4's grouped_gemm_mxfp4, moe_mxfp4.
+Layouts are ignis_kernels.moe_ref's. `moe` runs the same composition on either backend; only
 the grouped GEMM differs. Nothing here reads a value back to the host on the Triton path.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.backend import Backend, interpreting, use_triton
-from kernels.moe_kernel import grouped_gemm_kernel
-from kernels.moe_ref import glu, group_by_expert, grouped_gemm_ref, moe_ref, route
+from ignis_kernels.backend import Backend, interpreting, use_triton
+from ignis_kernels.moe_kernel import grouped_gemm_kernel
+from ignis_kernels.moe_ref import glu, group_by_expert, grouped_gemm_ref, moe_ref, route
 
 __all__ = ["glu", "group_by_expert", "grouped_gemm", "grouped_gemm_triton", "moe", "route"]
 
@@ -74,7 +74,7 @@ def grouped_gemm(
     out: torch.Tensor | None = None,
     backend: Backend | None = None,
 ) -> torch.Tensor:
-    """Rows offsets[e]:offsets[e+1] of x times expert e's weight (see kernels.moe_ref)."""
+    """Rows offsets[e]:offsets[e+1] of x times expert e's weight (see ignis_kernels.moe_ref)."""
     if use_triton(x, backend):
         return grouped_gemm_triton(x, w, expert_offsets, bias, out)
     return grouped_gemm_ref(x, w, expert_offsets, bias, out)
@@ -94,7 +94,7 @@ def moe(
     alpha: float = 1.702,
     limit: float = 7.0,
 ) -> torch.Tensor:
-    """The routed experts' gated MLPs, weighted and summed per token (kernels.moe_ref.moe_ref)."""
+    """The routed experts' gated MLPs, weighted and summed per token (ignis_kernels.moe_ref.moe_ref)."""
     extra = dict(gate_up_bias=gate_up_bias, down_bias=down_bias, alpha=alpha, limit=limit)
     gemm = grouped_gemm_triton if use_triton(x, backend) else grouped_gemm_ref
     return moe_ref(x, weights, ids, w_gate_up, w_down, activation, grouped_gemm=gemm, **extra)

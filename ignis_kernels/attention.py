@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kernels.attention_kernel import paged_attention_kernel
-from kernels.attention_ref import paged_attention_ref
-from kernels.attention_split import choose_num_splits, combine_splits_kernel, sm_count, worth_splitting
-from kernels.backend import Backend, interpreting, use_triton
+from ignis_kernels.attention_kernel import paged_attention_kernel
+from ignis_kernels.attention_ref import paged_attention_ref
+from ignis_kernels.attention_split import choose_num_splits, combine_splits_kernel, sm_count, worth_splitting
+from ignis_kernels.backend import Backend, interpreting, use_triton
 
 _LOG2E = 1.4426950408889634
 

@@ -1,10 +1,10 @@
 """What this CPU and this torch build can run: decided once per process, asked everywhere.
 
-    from kernels import cpu_platform
+    from ignis_kernels import cpu_platform
     p = cpu_platform.current()
     p.level                  # "avx512", "avx2" or "portable": the instruction tier ignis uses
     p.has_gemm("bf16")       # oneDNN's bf16 GEMM runs here (probed)
-    p.native_flags           # what the native op (kernels/cpu/decode.cpp) is compiled with
+    p.native_flags           # what the native op (ignis_kernels/cpu/decode.cpp) is compiled with
 
 Every CPU choice reads this one object: the weight forms and their GEMMs
 (ignis/model/weight_plan.py), the LM head, the KV cache's dtype and the native op's
@@ -19,7 +19,7 @@ path, say, exists only on some CPUs (AVX512-BW/VL/DQ or AVX-NE-CONVERT).
 
 IGNIS_CPU_CAPS (avx512, avx2 or portable) caps the tier below the hardware's, so that
 one machine runs every other machine's paths. It must be in the environment before
-torch runs its first op: importing `kernels` applies it to torch's own kernels
+torch runs its first op: importing `ignis_kernels` applies it to torch's own kernels
 (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA) and MKL's (MKL_ENABLE_INSTRUCTIONS),
 and child processes inherit them. fbgemm (int8 dynamic and fp16 GEMMs) has no such switch and keeps the host's
 instructions; the cap only changes which of its paths ignis asks for.
@@ -105,7 +105,7 @@ def requested_cap() -> str | None:
 
 def apply_cap() -> None:
     """Tell torch's, oneDNN's and MKL's kernel dispatch about IGNIS_CPU_CAPS (before their
-    first op; `kernels` calls this on import). When set, it decides their variables (a
+    first op; `ignis_kernels` calls this on import). When set, it decides their variables (a
     process started under another cap may have left them); unset, they are left alone."""
     cap = requested_cap()
     if cap is None:

@@ -2,14 +2,14 @@
 tile), the weights decoded in registers so the experts stay packed in memory (4.25 bits a
 weight: gpt-oss-20b is ~13 GB so, 2-4x that widened).
 
-Tiles are numbered as kernels.moe_kernel's (expert e's row tiles from offsets[e] // BLOCK_M
+Tiles are numbered as ignis_kernels.moe_kernel's (expert e's row tiles from offsets[e] // BLOCK_M
 + e: a grid of M // BLOCK_M + E row tiles, sized without a host sync; a binary search finds
 a program's expert). Each K step loads BLOCK_K/2 bytes of each of BLOCK_N weight rows and
 their BLOCK_K/32 scale bytes (BLOCK_K a multiple of 32: a tile holds whole groups), builds
 the e2m1 values and the e8m0 scales from their bits (exact), scales them in the
 activation's dtype and accumulates x W^T in fp32. EVEN_K (K a multiple of BLOCK_K, as
 gpt-oss's 2880 is of 64) drops the K masks, which lets the weight rows load as 16-byte
-async copies (8-byte with the masks, per sm_90 compiles). Layouts: kernels.moe_mxfp4_ref.
+async copies (8-byte with the masks, per sm_90 compiles). Layouts: ignis_kernels.moe_mxfp4_ref.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.moe_kernel import _dot, _expert_rows
+from ignis_kernels.moe_kernel import _dot, _expert_rows
 
 
 @triton.jit

@@ -1,6 +1,6 @@
-"""kernels.attention_cpu_prefill.CpuAttention with its decode rows through the native paged decode attention
-(torch.ops.ignis_cpu.paged_decode_attention, kernels/cpu/decode.cpp; load it first with
-kernels.cpu_native.load()).
+"""ignis_kernels.attention_cpu_prefill.CpuAttention with its decode rows through the native paged decode attention
+(torch.ops.ignis_cpu.paged_decode_attention, ignis_kernels/cpu/decode.cpp; load it first with
+ignis_kernels.cpu_native.load()).
 
 The eager batched path gathers every decode row's blocks into one padded [d, ctx] copy
 per layer and runs SDPA over it with a mask: at 64 rows the gather and SDPA were a third
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention_cpu_prefill import CpuAttention, prefill_rows
+from ignis_kernels.attention_cpu_prefill import CpuAttention, prefill_rows
 
 
 class NativeCpuAttention:

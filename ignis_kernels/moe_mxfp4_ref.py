@@ -1,20 +1,20 @@
 """PyTorch reference of the mixture-of-experts ops over MXFP4 expert weights: the CPU path
-and the oracle of kernels.moe_mxfp4_kernel.
+and the oracle of ignis_kernels.moe_mxfp4_kernel.
 
 MXFP4 (OCP microscaling: 4-bit e2m1 values sharing a power-of-two scale per 32 along K),
 laid out as gpt-oss's HF checkpoints store a weight W [E, N, K] (y = x W^T, per expert):
   blocks  [E, N, K/32, 16] uint8   two e2m1 values a byte: the low nibble is element 2i of
                                    the 32-element group, the high nibble element 2i + 1
   scales  [E, N, K/32]     uint8   e8m0: the group's scale is 2^(byte - 127)
-Everything else (x, expert_offsets, bias) is kernels.moe_ref's layout. This module stands
-alone (kernels imports nothing of ignis; ignis.model.mxfp4 decodes the same layout).
+Everything else (x, expert_offsets, bias) is ignis_kernels.moe_ref's layout. This module stands
+alone (ignis_kernels imports nothing of ignis; ignis.model.mxfp4 decodes the same layout).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.moe_ref import GroupedGemm, moe_compose
+from ignis_kernels.moe_ref import GroupedGemm, moe_compose
 
 # e2m1 by nibble (bit 3 the sign): each times a power of two is exact in fp32 and bf16.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -83,7 +83,7 @@ def moe_mxfp4_ref(
     alpha: float = 1.702,
     limit: float = 7.0,
 ) -> torch.Tensor:
-    """kernels.moe_ref.moe_ref's composition over MXFP4 experts: gate_up [E, 2I, H] (gate rows
+    """ignis_kernels.moe_ref.moe_ref's composition over MXFP4 experts: gate_up [E, 2I, H] (gate rows
     first: gpt-oss's checkpoints interleave gate and up rows, so the loader de-interleaves
     them) and down [E, H, I], each as blocks + scales; x [T, H] -> [T, H]."""
     return moe_compose(

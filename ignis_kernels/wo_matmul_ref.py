@@ -1,5 +1,5 @@
 """PyTorch reference of the weight-only quantized matmul: the oracle of the Triton kernel
-(kernels/wo_matmul.py) and its CPU path.
+(ignis_kernels/wo_matmul.py) and its CPU path.
 
 Layout (shared with the kernel), y = x W^T with W [N, K] held as:
   bits 8: qweight int8  [N, K];      W[n, k] = q[n, k] * scales[n, k // G]  (+ zeros[n, k // G])

@@ -2,7 +2,7 @@
 
     apply_token_bitmask_(logits, bitmask, rows, floor=-1e30, backend=None)
 
-Contract: kernels.token_mask_ref (the reference is `apply_token_bitmask_ref_`). The
+Contract: ignis_kernels.token_mask_ref (the reference is `apply_token_bitmask_ref_`). The
 Triton kernel reads the mask words on the device, so the launch needs no host
 synchronisation: one program per (row, block of tokens), each token's word loaded
 (neighbours share it, so the loads hit the cache) and its bit tested.
@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import Backend, use_triton
-from kernels.token_mask_ref import (
+from ignis_kernels.backend import Backend, use_triton
+from ignis_kernels.token_mask_ref import (
     DEFAULT_FLOOR,
     apply_token_bitmask_cpu_,
     apply_token_bitmask_ref_,
@@ -75,7 +75,7 @@ def apply_token_bitmask_(
     floor: float = DEFAULT_FLOOR,
     backend: Backend | None = None,
 ) -> None:
-    """Mask `logits` rows `rows` by `bitmask` in place (see kernels.token_mask_ref)."""
+    """Mask `logits` rows `rows` by `bitmask` in place (see ignis_kernels.token_mask_ref)."""
     if use_triton(logits, backend):
         apply_token_bitmask_triton_(logits, bitmask, rows, floor)
     elif logits.device.type == "cpu":

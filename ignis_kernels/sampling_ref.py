@@ -2,7 +2,7 @@
 
 Definition (shared with the kernel, which must draw the same token):
 
-1. x = logits in float32, penalised (kernels.sampling_penalties).
+1. x = logits in float32, penalised (ignis_kernels.sampling_penalties).
 2. Greedy rows (temperature < GREEDY_EPS): the first index of max(x).
 3. Otherwise the kept set, all thresholds on x (temperature is monotone, so the sets
    are those of the tempered distribution p = softmax(x / T)):
@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
-from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
+from ignis_kernels.sampling_penalties import apply_penalties_, apply_penalties_dense
+from ignis_kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 _M32 = 0xFFFFFFFF
-# Constants of the hash (also in kernels.sampling_triton): lowbias32's multipliers
+# Constants of the hash (also in ignis_kernels.sampling_triton): lowbias32's multipliers
 # (C. Wellons), the golden-ratio step, and digits of pi to separate the inputs.
 MIX_A, MIX_B, GOLDEN = 0x7FEB352D, 0x846CA68B, 0x9E3779B1
 SALT_SEED, SALT_STEP, SALT_K1 = 0x243F6A88, 0x13198A2E, 0x03707344

@@ -1,6 +1,6 @@
 """Prefill attention on the CPU without a materialised mask: torch's flash kernel twice.
 
-The reference (kernels.attention_ref) hands SDPA a boolean [q_len, seq_len] mask, which
+The reference (ignis_kernels.attention_ref) hands SDPA a boolean [q_len, seq_len] mask, which
 sends torch's CPU SDPA down its unfused path: scores for every (query, key) pair are
 materialised per head. Measured on the 2-core Zen 5 machine, one layer of a 2048-token
 chunk: 1.43 s with no cached prefix and 2.89 s over a 4096-token prefix, against 0.15 s
@@ -14,7 +14,7 @@ Each part runs torch's fused flash kernel (`_scaled_dot_product_flash_attention_
 which also returns the log-sum-exp of each row), and the two partial softmaxes merge
 exactly: out = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2}), computed relative to the max.
 Attention sinks (gpt-oss) join that merge as a third term with no value, e^sink.
-Sliding windows and soft-capped scores go to the reference. Same contract as kernels.paged_attention_ref.
+Sliding windows and soft-capped scores go to the reference. Same contract as ignis_kernels.paged_attention_ref.
 The flash kernel runs in q's dtype: a bf16 cache (engine.kv_cache_dtype) under fp32
 activations has each sequence's gathered keys and values widened to fp32 once.
 """
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention_cpu import BatchedCpuAttention, sink_scaled
-from kernels.attention_ref import gather_kv, paged_attention_ref
+from ignis_kernels.attention_cpu import BatchedCpuAttention, sink_scaled
+from ignis_kernels.attention_ref import gather_kv, paged_attention_ref
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 

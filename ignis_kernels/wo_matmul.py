@@ -7,7 +7,7 @@ the packed weight once at full bandwidth. One program owns a BLOCK_M x BLOCK_N t
 the output and walks K in BLOCK_K steps: load x's tile, load the packed weight tile
 (for 4 bits each byte is read for its two nibbles), load the group scales/zeros of
 those columns, dequantize to x's dtype, and accumulate with tl.dot in fp32. Layout
-and semantics: kernels/wo_matmul_ref.py (the oracle, same signature).
+and semantics: ignis_kernels/wo_matmul_ref.py (the oracle, same signature).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import Backend, interpreting, use_triton
-from kernels.wo_matmul_ref import wo_matmul_ref
+from ignis_kernels.backend import Backend, interpreting, use_triton
+from ignis_kernels.wo_matmul_ref import wo_matmul_ref
 
 
 @triton.jit
@@ -141,7 +141,7 @@ def wo_matmul(
     out: torch.Tensor | None = None,
     backend: Backend | None = None,
 ) -> torch.Tensor:
-    """y = x W^T with W weight-only quantized (see kernels/wo_matmul_ref.py for the layout)."""
+    """y = x W^T with W weight-only quantized (see ignis_kernels/wo_matmul_ref.py for the layout)."""
     if use_triton(x, backend):
         return wo_matmul_triton(x, qweight, scales, zeros, bits=bits, group_size=group_size, out=out)
     return wo_matmul_ref(x, qweight, scales, zeros, bits=bits, group_size=group_size, out=out)

@@ -1,6 +1,6 @@
 """PyTorch reference of the mixture-of-experts ops: the CPU path and the oracle of the kernel.
 
-Layout (shared with kernels.moe_kernel):
+Layout (shared with ignis_kernels.moe_kernel):
   x               [M, K]      rows grouped by expert: rows offsets[e]:offsets[e+1] go to expert e
   w               [E, N, K]   one [N, K] weight per expert (y = x W^T, as F.linear)
   expert_offsets  [E + 1]     int32, non-decreasing, offsets[0] = 0, offsets[E] = M

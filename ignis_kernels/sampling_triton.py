@@ -1,6 +1,6 @@
 """Sort-free batched sampling in Triton: one program per row, looping over the vocab.
 
-Same definition as kernels.sampling_ref (read its docstring); the kernel finds the
+Same definition as ignis_kernels.sampling_ref (read its docstring); the kernel finds the
 top-k / top-p thresholds by pivot search instead of sorting. Passes over a row:
 
   A    always: max, first argmax, min of finite values (and, for logprobs, the online
@@ -41,8 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sampling_penalties import apply_penalties_
-from kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
+from ignis_kernels.sampling_penalties import apply_penalties_
+from ignis_kernels.sampling_tensors import GREEDY_EPS, SamplingTensors
 
 _NEG_INF = tl.constexpr(float("-inf"))
 _POS_INF = tl.constexpr(float("inf"))
@@ -79,7 +79,7 @@ DEFAULT_CONFIG = TritonSamplerConfig()
 
 @triton.jit
 def _mix32(x):
-    # lowbias32 on uint32 (wrapping multiplies); same as kernels.sampling_ref.mix32.
+    # lowbias32 on uint32 (wrapping multiplies); same as ignis_kernels.sampling_ref.mix32.
     x = x ^ (x >> 16)
     x = x * tl.full([], 0x7FEB352D, tl.uint32)
     x = x ^ (x >> 15)

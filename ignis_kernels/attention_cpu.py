@@ -1,6 +1,6 @@
 """A batched paged-attention path for the CPU, built once per step by the engine's runner.
 
-kernels.paged_attention on a CPU tensor runs the PyTorch reference, which loops over
+ignis_kernels.paged_attention on a CPU tensor runs the PyTorch reference, which loops over
 sequences in Python (about 20 small ops per sequence per layer: half of a 64-way
 decode step). Here the decode rows (one new token each) go through one gather and one
 SDPA call per layer instead; whatever per-step work does not depend on the layer (the
@@ -17,7 +17,7 @@ gathered keys and values widened once per call, since torch's CPU SDPA in bf16 i
 slower than in fp32 at decode sizes.
 
 The runner puts the decode rows first in the batch, so they are q[:num_decodes].
-Same contract and signature as kernels.paged_attention (the hints are ignored).
+Same contract and signature as ignis_kernels.paged_attention (the hints are ignored).
 Soft-capped scores (Gemma 2) go to the reference, which computes them by hand.
 Attention sinks (gpt-oss): decode rows run torch's CPU flash kernel instead of SDPA (as
 fast, measured), whose per-row log-sum-exp lse gives the sink's share exactly:
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_ref import paged_attention_ref
+from ignis_kernels.attention_ref import paged_attention_ref
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 

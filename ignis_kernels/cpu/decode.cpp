@@ -15,8 +15,8 @@
 // everything between them (RMSNorm, biases, rotary, q/k norms, the KV write, paged
 // attention, SiLU-and-multiply, residuals, the casts) is plain loops over a few thousand
 // floats, and attention is split over keys across torch's threads. Attention has AVX-512
-// and AVX2+FMA forms beside portable loops; kernels/cpu_native.py compiles for the tier
-// kernels/cpu_platform.py chose, never for more than the host has.
+// and AVX2+FMA forms beside portable loops; ignis_kernels/cpu_native.py compiles for the tier
+// ignis_kernels/cpu_platform.py chose, never for more than the host has.
 //
 // Arithmetic follows ignis/model/layers.py: fp32 activations, each GEMM fed what its
 // kernel takes (bf16, rounded to nearest even, for torch's int8 and oneDNN bf16 GEMMs;
@@ -25,7 +25,7 @@
 // and read back as fp32, so attention computes in fp32 either way. The reductions' order
 // differs from torch's, so results agree to float rounding, not bits.
 //
-// Built and loaded by kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers,
+// Built and loaded by ignis_kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers,
 // and paged_decode_attention (the same attention alone, for steps that stay eager).
 
 #include <ATen/Parallel.h>
@@ -767,13 +767,13 @@ inline void rotate(float* x, int64_t heads, int64_t D, const float* C, const flo
   }
 }
 
-// The gated MLP's activation (kernels/moe_ref.py's glu): SiLU, GeLU (tanh) or gpt-oss's
+// The gated MLP's activation (ignis_kernels/moe_ref.py's glu): SiLU, GeLU (tanh) or gpt-oss's
 // clamped SwiGLU.
 enum Act : int64_t { kSilu = 0, kGeluTanh = 1, kSwigluOai = 2 };
 // Where the norms sit (ignis/model/decoder.py): pre (input, post-attention norm per layer)
 // or sandwich (input, post-attention, pre-feedforward, post-feedforward).
 enum Layout : int64_t { kPre = 0, kSandwich = 1 };
-// How a mixture weighs each row's top k experts (kernels/moe_ref.py's route): softmax over
+// How a mixture weighs each row's top k experts (ignis_kernels/moe_ref.py's route): softmax over
 // every expert then the top k renormalised (Mixtral, Qwen3-MoE) or not, or (gpt-oss) the
 // top k logits softmaxed.
 enum Routing : int64_t { kSoftmaxRenorm = 0, kSoftmaxRaw = 1, kTopKSoftmax = 2 };

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.sampling_tensors import SamplingTensors
+from ignis_kernels.sampling_tensors import SamplingTensors
 
 
 def penalize(x: torch.Tensor, count: torch.Tensor, rep: torch.Tensor, pres: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
