@@ -1,7 +1,7 @@
 """Speculative decoding by prompt lookup (engine.speculative=ngram) against plain decoding, one
 sequence, greedy, in one run.
 
-    .venv/bin/python experiments/bench_speculation.py [--gguf FILE] [--rounds 3] [--tokens 8]
+    .venv/bin/python experiments/bench_speculation.py [--gguf FILE] [--rounds 3] [--tokens 8] [--workloads edit,chat]
 
 Two workloads, alternated round by round with speculation off and on (one engine each, the
 same loaded model):
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=8, help="engine.num_speculative_tokens")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", default="edit,grammar,chat", help="comma-separated: edit, grammar, chat")
     args = ap.parse_args()
     import torch
 
@@ -65,6 +66,10 @@ def main() -> None:
                                              num_speculative_tokens=args.tokens)),
     }
     work = {"edit": ([edit], 256), "grammar": ([edit], 256), "chat": (chats, 128)}
+    unknown = set(args.workloads.split(",")) - set(work)
+    if unknown:
+        ap.error(f"unknown workloads {sorted(unknown)} (edit, grammar, chat)")
+    work = {k: v for k, v in work.items() if k in args.workloads.split(",")}
     grammar = Grammar.regex(r"[^\x00]*")
     rates: dict[tuple[str, str], list[float]] = {}
     outputs: dict[tuple[str, str], list[list[int]]] = {}

@@ -518,7 +518,9 @@ void attend_unit_avx512(const float* q, const KV* kc, const KV* vc, const int32_
 // 8 widened once into `tile` [kv_heads][8][D] fp32 while the next tile is prefetched, 8 dot
 // products per query head summed across lanes together (sum_lanes8), an 8-lane exp, and
 // the outputs in registers across a tile, 8 vectors (64 dims) at a time. AVX2 has no lane
-// masks: lanes past the unit's end are blended out.
+// masks: lanes past the unit's end are blended out. The R rows of a run (one sequence's
+// draft: the same keys, each row seeing its own [begin, end) of them) share each widened
+// tile, so a 9-row check reads and widens its keys once, not nine times.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {  // bf16 bits: widened exactly, as bf16_to_float
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -562,12 +564,13 @@ inline float hsum8(__m256 v) {
 }
 
 template <typename KV, int D>
-void attend_unit_avx2(const float* q, const KV* kc, const KV* vc, const int32_t* table, int64_t lo, int64_t hi,
-                      const AttnShape& a, float* scores, float* tile, float* out) {
+void attend_unit_avx2(const float* q, int64_t R, const int64_t* begin, const int64_t* end, const KV* kc,
+                      const KV* vc, const int32_t* table, int64_t lo, int64_t hi, const AttnShape& a, float* scores,
+                      float* tile, float* out) {
   static_assert(D % 64 == 0);
   constexpr int C = D / 8;
   constexpr int64_t P = kPartOut + D;
-  const int64_t G = a.heads / a.kv_heads, KVH = a.kv_heads, BS = a.block_size, n = hi - lo;
+  const int64_t G = a.heads / a.kv_heads, KVH = a.kv_heads, BS = a.block_size, H = a.heads, n = hi - lo;
   const int64_t width = KVH * D;
   const int64_t lines = (width * int64_t(sizeof(KV)) + 63) / 64;
   int64_t rows[kKeysPerUnit];
@@ -595,134 +598,210 @@ void attend_unit_avx2(const float* q, const KV* kc, const KV* vc, const int32_t*
     }
   };
   const __m256 scale = _mm256_set1_ps(a.scale);
-  for (int64_t j0 = 0; j0 < n; j0 += 8) {  // scores [j0, j0 + 8)
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {  // scores [j0, j0 + 8), the tile widened once for every row
     widen(kc, j0);
-    for (int64_t h = 0; h < a.heads; ++h) {
-      const float* t = tile + (h / G) * 8 * D;
-      const float* qh = q + h * D;
-      __m256 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-      for (int c = 0; c < C; ++c) {  // q's chunk once, against the 8 keys
-        const __m256 qc = _mm256_loadu_ps(qh + 8 * c);
-        for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(t + i * D + 8 * c), acc[i]);
+    for (int64_t r = 0; r < R; ++r) {
+      if (j0 + 8 <= begin[r] || j0 >= end[r]) continue;
+      const float* qr = q + r * H * D;
+      float* sr = scores + r * H * kKeysPerUnit;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* t = tile + (h / G) * 8 * D;
+        const float* qh = qr + h * D;
+        __m256 acc[8];
+        for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+        for (int c = 0; c < C; ++c) {  // q's chunk once, against the 8 keys
+          const __m256 qc = _mm256_loadu_ps(qh + 8 * c);
+          for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(t + i * D + 8 * c), acc[i]);
+        }
+        _mm256_storeu_ps(sr + h * kKeysPerUnit + j0, _mm256_mul_ps(sum_lanes8(acc), scale));
       }
-      _mm256_storeu_ps(scores + h * kKeysPerUnit + j0, _mm256_mul_ps(sum_lanes8(acc), scale));
     }
   }
-  // The lanes of keys [j0, j0 + 8) that lie in the unit (all ones or zeros per lane).
+  // The lanes of keys [j0, j0 + 8) in [b, e) (all ones or zeros per lane).
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  auto live = [&](int64_t j0) {
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(n - j0)), lane));
+  auto live = [&](int64_t j0, int64_t b, int64_t e) {
+    const __m256i j = _mm256_add_epi32(lane, _mm256_set1_epi32(int32_t(j0)));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(e)), j),
+                                                _mm256_cmpgt_epi32(j, _mm256_set1_epi32(int32_t(b) - 1))));
   };
   const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t h = 0; h < a.heads; ++h) {  // softmax numerators; lanes past n are left out
-    float* sh = scores + h * kKeysPerUnit;
-    __m256 vmax = ninf, vsum = _mm256_setzero_ps();
-    for (int64_t j0 = 0; j0 < n; j0 += 8) vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sh + j0), live(j0)));
-    const float m = hmax8(vmax);
-    for (int64_t j0 = 0; j0 < n; j0 += 8) {
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + j0), _mm256_set1_ps(m)));
-      _mm256_storeu_ps(sh + j0, e);
-      vsum = _mm256_add_ps(vsum, _mm256_and_ps(e, live(j0)));
+  for (int64_t r = 0; r < R; ++r) {  // softmax numerators; lanes outside [begin, end) are left out
+    const int64_t b = begin[r], e = end[r], first = b / 8 * 8;
+    for (int64_t h = 0; h < H; ++h) {
+      float* sh = scores + (r * H + h) * kKeysPerUnit;
+      float* oh = out + (r * H + h) * P;
+      __m256 vmax = ninf, vsum = _mm256_setzero_ps();
+      for (int64_t j0 = first; j0 < e; j0 += 8) vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sh + j0), live(j0, b, e)));
+      const float m = hmax8(vmax);  // -inf where the row sees none of the unit's keys
+      for (int64_t j0 = first; j0 < e; j0 += 8) {
+        const __m256 x = exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + j0), _mm256_set1_ps(m)));
+        _mm256_storeu_ps(sh + j0, x);
+        vsum = _mm256_add_ps(vsum, _mm256_and_ps(x, live(j0, b, e)));
+      }
+      oh[0] = m;
+      oh[1] = hsum8(vsum);
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(oh + kPartOut + 8 * c, _mm256_setzero_ps());
     }
-    out[h * P] = m;
-    out[h * P + 1] = hsum8(vsum);
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + h * P + kPartOut + 8 * c, _mm256_setzero_ps());
   }
   for (int64_t j0 = 0; j0 < n; j0 += 8) {
     widen(vc, j0);
-    const int64_t m = std::min<int64_t>(8, n - j0);
-    for (int64_t h = 0; h < a.heads; ++h) {
-      const float* t = tile + (h / G) * 8 * D;
-      float* oh = out + h * P + kPartOut;
-      const float* p = scores + h * kKeysPerUnit + j0;
-      for (int c0 = 0; c0 < C; c0 += 8) {  // 8 output vectors (64 dims) in registers at a time
-        __m256 acc[8];
-        for (int c = 0; c < 8; ++c) acc[c] = _mm256_loadu_ps(oh + 8 * (c0 + c));
-        for (int64_t i = 0; i < m; ++i) {
-          const __m256 pi = _mm256_set1_ps(p[i]);
-          for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(t + i * D + 8 * (c0 + c)), acc[c]);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i0 = std::max<int64_t>(0, begin[r] - j0), i1 = std::min<int64_t>(8, end[r] - j0);
+      if (i1 <= i0) continue;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* t = tile + (h / G) * 8 * D;
+        float* oh = out + (r * H + h) * P + kPartOut;
+        const float* p = scores + (r * H + h) * kKeysPerUnit + j0;
+        for (int c0 = 0; c0 < C; c0 += 8) {  // 8 output vectors (64 dims) in registers at a time
+          __m256 acc[8];
+          for (int c = 0; c < 8; ++c) acc[c] = _mm256_loadu_ps(oh + 8 * (c0 + c));
+          for (int64_t i = i0; i < i1; ++i) {
+            const __m256 pi = _mm256_set1_ps(p[i]);
+            for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(t + i * D + 8 * (c0 + c)), acc[c]);
+          }
+          for (int c = 0; c < 8; ++c) _mm256_storeu_ps(oh + 8 * (c0 + c), acc[c]);
         }
-        for (int c = 0; c < 8; ++c) _mm256_storeu_ps(oh + 8 * (c0 + c), acc[c]);
       }
     }
   }
 }
 #endif
 
+// A unit's part for R rows of a run through a body that takes one row (the portable and the
+// AVX-512 ones): each row over its own keys, or an empty part (max -inf, sum 0) if it sees none.
+template <typename KV, int DC, auto Unit>
+void attend_rows(const float* q, int64_t R, const int64_t* begin, const int64_t* end, const KV* kc, const KV* vc,
+                 const int32_t* table, int64_t lo, int64_t hi, const AttnShape& a, float* scores, float* tile,
+                 float* out) {
+  const int64_t H = a.heads, D = a.dim, P = part_stride(D);
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = out + r * H * P;
+    if (end[r] > begin[r]) {
+      Unit(q + r * H * D, kc, vc, table, lo + begin[r], lo + end[r], a, scores, tile, o);
+    } else {
+      for (int64_t h = 0; h < H; ++h) {
+        o[h * P] = -std::numeric_limits<float>::infinity();
+        std::fill(o + h * P + 1, o + (h + 1) * P, 0.0f);
+      }
+    }
+  }
+}
+
+// The most rows one run holds (a draft is 1 + engine.num_speculative_tokens rows).
+constexpr int64_t kMaxRun = 16;
+
 // Paged decode attention for T rows (one query token each): o [T, heads, dim] from q of
 // the same shape, over the first seq_lens[t] keys of row t (the last `window` of them
-// when window > 0). Each row's keys split into units of kKeysPerUnit, spread over torch's
+// when window > 0). Consecutive rows that read the same blocks (a speculated sequence's
+// 1 + k rows: one table, lengths n, n + 1, ...) form a run whose keys are read once for
+// all of them. Each run's keys split into units of kKeysPerUnit, spread over torch's
 // threads (attend_unit); a row's units are merged afterwards (flash-decoding's split-K).
 // KV is the cache's element type (float or bf16 bits). sinks (gpt-oss; nullptr: none): one
 // logit per query head that joins each row's softmax denominator, carrying no value.
 template <typename KV>
 void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables, const int32_t* seq_lens,
                int64_t T, int64_t window, const AttnShape& a, float* o, const float* sinks = nullptr) {
-  const int64_t D = a.dim, H = a.heads;
-  struct Unit { int64_t t, lo, hi; };
-  std::vector<Unit> units;
-  std::vector<int64_t> first_unit(T + 1, 0);
-  int64_t keys = 0;
+  const int64_t D = a.dim, H = a.heads, BS = a.block_size, W = a.blocks_per_row;
+  const int64_t P = part_stride(D), stride = H * P;  // per unit and row: each query head's part
+  auto first_key = [&](int64_t t) { return window > 0 ? std::max<int64_t>(0, seq_lens[t] - window) : int64_t(0); };
+  // Row t joins the run before it if it reads at least as far and its table agrees on
+  // every block the previous row reads (so the run's last table serves all its rows).
+  struct Run { int64_t t0, R; };
+  std::vector<Run> runs;
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t n = seq_lens[t];
-    const int64_t lo = window > 0 ? std::max<int64_t>(0, n - window) : 0;
-    for (int64_t k = lo; k < n; k += kKeysPerUnit) units.push_back({t, k, std::min(n, k + kKeysPerUnit)});
-    first_unit[t + 1] = int64_t(units.size());
-    keys += n - lo;
+    if (!runs.empty() && runs.back().R < kMaxRun && seq_lens[t] >= seq_lens[t - 1]) {
+      const int64_t used = (int64_t(seq_lens[t - 1]) + BS - 1) / BS;
+      if (std::equal(tables + (t - 1) * W, tables + (t - 1) * W + used, tables + t * W)) {
+        ++runs.back().R;
+        continue;
+      }
+    }
+    runs.push_back({t, 1});
+  }
+  struct Unit { int64_t run, lo, hi, part; };
+  std::vector<Unit> units;
+  std::vector<int64_t> first_unit(runs.size() + 1, 0);
+  int64_t keys = 0, parts = 0, widest = 1;
+  for (size_t g = 0; g < runs.size(); ++g) {
+    const Run& run = runs[g];
+    int64_t lo = first_key(run.t0), hi = seq_lens[run.t0];
+    for (int64_t r = 0; r < run.R; ++r) {
+      lo = std::min(lo, first_key(run.t0 + r));
+      hi = std::max<int64_t>(hi, seq_lens[run.t0 + r]);
+      keys += seq_lens[run.t0 + r] - first_key(run.t0 + r);
+    }
+    for (int64_t k = lo; k < hi; k += kKeysPerUnit) {
+      units.push_back({int64_t(g), k, std::min(hi, k + kKeysPerUnit), parts});
+      parts += run.R * stride;
+    }
+    first_unit[g + 1] = int64_t(units.size());
+    widest = std::max(widest, run.R);
   }
   const int64_t U = int64_t(units.size());
-  const int64_t P = part_stride(D), stride = H * P;  // per unit: each query head's part
-  // Every unit writes its whole part (max, sum, outputs) before the merge reads it.
-  at::Tensor part_buffer = at::empty({U * stride}, at::kFloat);  // 64-byte aligned
+  // Every unit writes its rows' whole parts (max, sum, outputs) before the merge reads them.
+  at::Tensor part_buffer = at::empty({std::max<int64_t>(parts, 1)}, at::kFloat);  // 64-byte aligned
   float* part = part_buffer.data_ptr<float>();
 #if defined(__AVX512F__)
-  const auto unit = D == 64    ? attend_unit_avx512<KV, 64>
-                    : D == 128 ? attend_unit_avx512<KV, 128>
-                    : D == 256 ? attend_unit_avx512<KV, 256>  // Gemma
-                               : attend_unit<KV, 0>;
+  const auto unit = D == 64    ? attend_rows<KV, 64, attend_unit_avx512<KV, 64>>
+                    : D == 128 ? attend_rows<KV, 128, attend_unit_avx512<KV, 128>>
+                    : D == 256 ? attend_rows<KV, 256, attend_unit_avx512<KV, 256>>  // Gemma
+                               : attend_rows<KV, 0, attend_unit<KV, 0>>;
   const int64_t scratch = 16 * a.kv_heads * D;  // the tile (or the portable unit's row)
 #elif defined(__AVX2__) && defined(__FMA__)
   const auto unit = D == 64    ? attend_unit_avx2<KV, 64>
                     : D == 128 ? attend_unit_avx2<KV, 128>
                     : D == 256 ? attend_unit_avx2<KV, 256>
-                               : attend_unit<KV, 0>;
+                               : attend_rows<KV, 0, attend_unit<KV, 0>>;
   const int64_t scratch = 8 * a.kv_heads * D;
 #else
-  const auto unit = D == 64 ? attend_unit<KV, 64> : D == 128 ? attend_unit<KV, 128> : attend_unit<KV, 0>;
+  const auto unit = D == 64    ? attend_rows<KV, 64, attend_unit<KV, 64>>
+                    : D == 128 ? attend_rows<KV, 128, attend_unit<KV, 128>>
+                               : attend_rows<KV, 0, attend_unit<KV, 0>>;
   const int64_t scratch = a.kv_heads * D;
 #endif
 
   // A short context is a few microseconds of work: not worth waking the other threads.
   at::parallel_for(0, U, keys * H < 4096 ? U : 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(kKeysPerUnit * H), row(scratch);
+    std::vector<float> scores(kKeysPerUnit * H * widest), row(scratch);
+    int64_t from[kMaxRun], to[kMaxRun];
     for (int64_t u = begin; u < end; ++u) {
       const Unit& w = units[u];
-      unit(q + w.t * H * D, kc, vc, tables + w.t * a.blocks_per_row, w.lo, w.hi, a, scores.data(), row.data(),
-           part + u * stride);
+      const Run& run = runs[w.run];
+      for (int64_t r = 0; r < run.R; ++r) {  // the row's keys within the unit, relative to its start
+        const int64_t n = w.hi - w.lo;
+        from[r] = std::clamp<int64_t>(first_key(run.t0 + r) - w.lo, 0, n);
+        to[r] = std::clamp<int64_t>(seq_lens[run.t0 + r] - w.lo, 0, n);
+      }
+      unit(q + run.t0 * H * D, run.R, from, to, kc, vc, tables + (run.t0 + run.R - 1) * W, w.lo, w.hi, a,
+           scores.data(), row.data(), part + w.part);
     }
   });
 
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t u0 = first_unit[t], u1 = first_unit[t + 1];
-    for (int64_t h = 0; h < H; ++h) {
-      float* oh = o + (t * H + h) * D;
-      std::fill(oh, oh + D, 0.0f);
-      if (u0 == u1) continue;  // no keys (cannot happen: the row's own key is written)
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[u * stride + h * P]);
-      if (sinks) m = std::max(m, sinks[h]);
-      float total = sinks ? exp_approx(sinks[h] - m) : 0.0f;  // the sink enters once per row
-      for (int64_t u = u0; u < u1; ++u) {
-        const float* p = part + u * stride + h * P;
-        const float c = exp_approx(p[0] - m);
-        total += p[1] * c;
+  for (size_t g = 0; g < runs.size(); ++g) {
+    const Run& run = runs[g];
+    const int64_t u0 = first_unit[g], u1 = first_unit[g + 1];
+    for (int64_t r = 0; r < run.R; ++r) {
+      const int64_t t = run.t0 + r;
+      for (int64_t h = 0; h < H; ++h) {
+        float* oh = o + (t * H + h) * D;
+        std::fill(oh, oh + D, 0.0f);
+        if (u0 == u1) continue;  // no keys (cannot happen: the row's own key is written)
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t u = u0; u < u1; ++u) m = std::max(m, part[units[u].part + r * stride + h * P]);
+        if (sinks) m = std::max(m, sinks[h]);
+        float total = sinks ? exp_approx(sinks[h] - m) : 0.0f;  // the sink enters once per row
+        for (int64_t u = u0; u < u1; ++u) {
+          const float* p = part + units[u].part + r * stride + h * P;
+          if (p[1] == 0.0f) continue;  // a unit of the run this row sees no key of
+          const float c = exp_approx(p[0] - m);
+          total += p[1] * c;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) oh[d] += p[kPartOut + d] * c;
+          for (int64_t d = 0; d < D; ++d) oh[d] += p[kPartOut + d] * c;
+        }
+        const float inv = 1.0f / total;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
       }
-      const float inv = 1.0f / total;
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
     }
   }
 }

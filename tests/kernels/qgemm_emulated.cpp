@@ -41,7 +41,7 @@ static inline float ignis_reduce_add_ps(simde__m512 a) {
 #ifndef IGNIS_QGEMM_AVX512
 #define IGNIS_QGEMM_AVX512 1  // (0: the host's AVX2 bodies, checked the same way)
 #endif
-#include "../../kernels/cpu/quant_gemm.h"
+#include "../../ignis_kernels/cpu/quant_gemm.h"
 
 #include <cstdio>
 #include <random>

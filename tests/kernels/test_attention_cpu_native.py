@@ -90,6 +90,49 @@ def test_unrolled_head_dims(dim: int) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _drafted_case(seq_lens: list[int], drafts: list[int], *, dim: int, heads: int = 6, kv_heads: int = 2,
+                  seed: int = 0):
+    """Sequence i (length seq_lens[i]) checked with a draft of drafts[i] tokens, as the
+    runner lays it out: 1 + k one-token rows over the sequence's one block table, of
+    lengths n - k, ..., n (each sees the keys the rows before it wrote)."""
+    op, (q, k, v, bt, qsl, lens) = _case(seq_lens, [1] * len(seq_lens), dim=dim, heads=heads, kv_heads=kv_heads,
+                                         seed=seed)
+    tables, row_lens = [], []
+    for i, (n, d) in enumerate(zip(seq_lens, drafts)):
+        tables += [bt[i]] * (1 + d)
+        row_lens += list(range(n - d, n + 1))
+    rows = len(row_lens)
+    bt, lens = torch.stack(tables).contiguous(), torch.tensor(row_lens, dtype=torch.int32)
+    qsl = torch.arange(rows + 1, dtype=torch.int32)
+    q = torch.randn(rows, heads, dim, generator=torch.Generator().manual_seed(seed + 1))
+    op = NativeCpuAttention(bt, qsl, lens, num_decodes=rows, decode_max_seq_len=max(row_lens), block_size=4)
+    return op, (q, k, v, bt, qsl, lens)
+
+
+@pytest.mark.parametrize("dim", [16, 64, 128])  # the one-row bodies run per row (16); the AVX2 one reads a run's keys once
+@pytest.mark.parametrize("window", [None, 5, 300])
+def test_draft_rows_share_their_keys(window: int | None, dim: int, cache: str = "float32") -> None:
+    """A speculated sequence's rows read the same blocks, so the op reads them once for the
+    run: still each row exactly its own keys. Runs across the 256-key units (252..260),
+    from one key (1..9), a run longer than the op's 16 (20 rows: split in two), runs side
+    by side and between plain rows, with and without sinks."""
+    seq_lens, drafts = [260, 30, 9, 700, 40, 300, 255], [8, 0, 8, 3, 19, 4, 1]
+    op, (q, k, v, bt, qsl, lens) = _drafted_case(seq_lens, drafts, dim=dim)
+    k, v = k.to(getattr(torch, cache)), v.to(getattr(torch, cache))
+    got = op(q, k, v, bt, qsl, lens, scale=0.3, sliding_window=window)
+    assert op._eager is None
+    torch.testing.assert_close(got, paged_attention_ref(q, k.float(), v.float(), bt, qsl, lens, 0.3, window),
+                               rtol=1e-5, atol=1e-5)
+    sinks = random_sinks(q.shape[1], torch.Generator().manual_seed(dim))
+    got = op(q, k, v, bt, qsl, lens, scale=0.3, sliding_window=window, sinks=sinks)
+    want = dense_sink_attention(q, k.float(), v.float(), bt, qsl, lens, 0.3, window, sinks)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_draft_rows_bf16_cache() -> None:
+    test_draft_rows_share_their_keys(100, 64, cache="bfloat16")
+
+
 def test_indices_outside_the_cache_are_refused() -> None:
     """Block ids and lengths are pointer offsets in C++: checked, an error instead of a stray read."""
     op, (q, k, v, bt, qsl, lens) = _case([20, 7], [1, 1])
@@ -175,6 +218,10 @@ for dim in (16, 64, 128):
     for window in (None, 5):
         t.test_native_sinks_match_dense(window, "decodes+prefill", dim)
 t.test_native_sinks_bf16_cache_and_checks()
+for dim in (16, 64, 128):
+    for window in (None, 5):
+        t.test_draft_rows_share_their_keys(window, dim)
+t.test_draft_rows_bf16_cache()
 """
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "IGNIS_CPU_CAPS": tier, "IGNIS_CACHE_DIR": str(tmp_path)}
