@@ -165,9 +165,12 @@ class EngineConfig:
     # occurrence of the last speculative_ngram_max .. _min tokens, in the prompt or the
     # output) and checks them in one forward; the output is token for token what plain
     # decoding gives. Only while at most speculative_max_seqs sequences decode (a batch
-    # already fills the machine), and only for requests without penalties, an output grammar,
-    # a thinking budget or min_tokens still to reach. none = off. On by default: one user's
-    # rewrite of a file it read decodes 1.6x faster, chat no slower (experiments/RESULTS.md).
+    # already fills the machine), and only for requests without penalties, a thinking budget,
+    # min_tokens still to reach or an output grammar whose masks come slowly (a quick one's
+    # drafts end at its first refusal); on the CPU a step's rows, drafts included, stay below
+    # those from which its GEMMs compute otherwise (8-bit activations from 16 rows on AVX2).
+    # none = off. On by default: one user's rewrite of a file it read decodes 1.6x faster,
+    # chat no slower (experiments/RESULTS.md).
     speculative: Speculative = Speculative.ngram
     num_speculative_tokens: int = 8
     speculative_ngram_max: int = 4

@@ -9,7 +9,9 @@ the step under way. The budget is spent in this order:
 
 1. Decode rows: every running sequence with one token to compute (they are never
    starved by prefill). With speculative decoding (`drafter`, ignis/engine/speculation.py)
-   a decode row also carries the draft tokens to check: 1 + k tokens in one step.
+   a decode row also carries the draft tokens to check: 1 + k tokens in one step, the
+   step's decode rows within max_draft_step_rows (where more rows would change the GEMMs'
+   numerics, ignis/model/packed.py's exact_step_rows), shared out over them.
 2. Running prefills (admission order), leaving room for the waiting prompts that fit
    in this step whole, FIFO: a short request that arrives during a long prompt's
    prefill is prefilled in the next step, beside a smaller chunk of the long one
@@ -64,7 +66,8 @@ MIN_TIMED_TOKENS = 256
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  step_time_budget: float | None = None,
-                 drafter: Callable[[Sequence, int, int], list[int]] | None = None) -> None:
+                 drafter: Callable[[Sequence, int, int], list[int]] | None = None,
+                 max_draft_step_rows: int | None = None) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if step_time_budget is not None and step_time_budget <= 0:
@@ -76,6 +79,12 @@ class Scheduler:
         # drafter(seq, room, decode_rows) -> draft tokens for a decode row (at most `room`),
         # given how many decode rows the step has; None: no speculation.
         self.drafter = drafter
+        # The most decode rows (drafts included) a step with drafts may hold, or None: on
+        # the CPU, steps of more rows run GEMMs of other numerics (8-bit activations), and a
+        # draft would then change the tokens plain decoding gives.
+        if max_draft_step_rows is not None and max_draft_step_rows < 1:
+            raise ValueError("max_draft_step_rows must be >= 1 (or None: no limit)")
+        self.max_draft_step_rows = max_draft_step_rows
         self.cost = StepCost(min(MIN_TIMED_TOKENS, max_num_batched_tokens), max_num_batched_tokens)
         self.over_budget = False  # the last step carried a prefill chunk and ran past the time budget
         self.waiting: deque[Sequence] = deque()
@@ -110,6 +119,9 @@ class Scheduler:
         rows = 0  # decode rows' tokens (drafts included)
         num_decode_rows = (sum(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
                            if self.drafter is not None else 0)
+        # Draft tokens the step may still take, shared out over the decode rows left to visit.
+        draft_room = hard if self.max_draft_step_rows is None else self.max_draft_step_rows - num_decode_rows
+        rows_left = num_decode_rows
         for seq in list(self.running):  # 1. decode rows (the time budget never cuts them)
             if seq.status is not Status.RUNNING:
                 continue  # (preempted by one before it)
@@ -118,7 +130,12 @@ class Scheduler:
             if seq.num_tokens - seq.num_computed_tokens > 1:
                 prefills.append(seq)
             elif rows < hard:
-                draft = self.drafter(seq, hard - rows - 1, num_decode_rows) if self.drafter is not None else []
+                draft: list[int] = []
+                if self.drafter is not None:
+                    room = min(hard - rows - 1, draft_room // max(rows_left, 1))
+                    rows_left -= 1
+                    draft = self.drafter(seq, room, num_decode_rows) if room > 0 else []
+                    draft_room -= len(draft)
                 if self._grow(seq, 1 + len(draft), batch, draft):
                     decodes += 1
                     rows += 1 + len(draft)

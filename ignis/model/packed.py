@@ -113,6 +113,13 @@ class PackedLinear:
     # widened or kept wide copy there: then no copy is made, for prefill chunks or batches.
     many = False
 
+    @property
+    def exact_rows(self) -> int | None:
+        """The most rows a step may hold for every row to be computed by the body a one-row
+        step takes, bit for bit (a many-row op's 8-bit body from many_rows() rows, the
+        widened GEMM from WIDEN_ROWS); None: any (one dense GEMM)."""
+        return cpu_native.many_rows() - 1 if self.many else WIDEN_ROWS - 1
+
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -542,6 +549,7 @@ class Bf16Linear(PackedLinear):
     """oneDNN's bf16 GEMM over a weight reordered once into its blocked layout."""
 
     form = "bf16"
+    exact_rows = None  # one dense GEMM at every row count
 
     def __init__(self, w: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.in_features = w.shape[1]
@@ -558,6 +566,7 @@ class Fp16Linear(PackedLinear):
     where oneDNN has no bf16. torch marks the op deprecated; it is there in the pinned torch."""
 
     form = "fp16"
+    exact_rows = None  # one dense GEMM at every row count
 
     def __init__(self, w: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.in_features = w.shape[1]
@@ -576,6 +585,7 @@ class Fp32Linear(PackedLinear):
     """fp32 weights: oneDNN's GEMM over a reordered copy where oneDNN runs, else F.linear."""
 
     form = "fp32"
+    exact_rows = None  # one dense GEMM at every row count
 
     def __init__(self, w: torch.Tensor, bias: torch.Tensor | None, onednn: bool = True) -> None:
         w = w.float().contiguous()
@@ -613,6 +623,10 @@ class MixedLinear(PackedLinear):
         self.form = f"{narrow.form}+{wide.form}"
         self.bias = bias
         self.nbytes = narrow.nbytes + wide.nbytes
+
+    @property
+    def exact_rows(self) -> int | None:
+        return min(NARROW_ROWS, self.narrow.exact_rows or NARROW_ROWS)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         return (self.narrow if x.shape[0] <= NARROW_ROWS else self.wide)._mm(x)
@@ -942,6 +956,18 @@ class _FusedWeights:
         ex.expert_ops = ops
         ex.gate_up_proj = _meta_param(ex.gate_up_proj)
         ex.down_proj = _meta_param(ex.down_proj)
+
+
+def exact_step_rows(model: Transformer) -> int | None:
+    """The most rows a step may hold for each row's projections to compute exactly what
+    they compute in a one-row step (PackedLinear.exact_rows, the least over the model's
+    packed ops); None: no packed op bounds it. Speculative decoding's checks stay within
+    it, so a draft never changes the tokens plain decoding gives. (The head is not
+    counted: RefinedHead recomputes each row's top candidates exactly at any row count.)"""
+    ops = [m.linear_op for m in model.modules() if isinstance(m, Linear) and isinstance(m.linear_op, PackedLinear)]
+    ops += [op for m in model.modules() if isinstance(m, Experts) for pair in m.expert_ops or () for op in pair]
+    bounds = [op.exact_rows for op in ops if op.exact_rows is not None]
+    return min(bounds) if bounds else None
 
 
 def pack_mxfp4_experts(model: Transformer) -> int:

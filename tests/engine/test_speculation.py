@@ -314,3 +314,74 @@ def smollm2_quantized() -> LoadedModel:
     from ignis.model import load_model
 
     return load_model(progress=False, weight_form="quantized", max_num_seqs=1)
+
+
+def test_drafts_share_the_rows_a_step_computes_exactly() -> None:
+    """max_draft_step_rows bounds a step's decode rows, drafts included (on AVX2 CPUs the
+    Q4_K / Q6_K GEMMs take 8-bit activations from 16 rows): the draft room goes round the
+    decode rows, and a row that drafts less leaves its share to the rows after it."""
+    from ignis.engine.block_manager import BlockManager
+    from ignis.engine.scheduler import Scheduler
+    from ignis.engine.sequence import Sequence
+
+    asked: list[int] = []
+
+    def drafter(seq: Sequence, room: int, decode_rows: int) -> list[int]:
+        asked.append(room)
+        return [5] * min(room, 1 if seq.request_id == "s1" else 8)
+
+    def schedule(limit: int | None, n: int) -> list[int]:
+        sch = Scheduler(BlockManager(256, 16), max_num_seqs=8, max_num_batched_tokens=512,
+                        drafter=drafter, max_draft_step_rows=limit)
+        for i in range(n):
+            s = Sequence(f"s{i}", list(range(20)), SamplingParams.greedy(64), seed=0, max_tokens=64, text=None)
+            sch.add(s)
+        batch = sch.schedule()  # the prompts' prefill
+        for s, k in zip(batch.seqs, batch.num_new_tokens):
+            s.num_computed_tokens += k
+            s.token_ids.append(7)
+        asked.clear()
+        return sch.schedule().num_new_tokens
+
+    assert schedule(None, 4) == [9, 2, 9, 9]  # no bound: each row as long as its drafter goes
+    rows = schedule(15, 4)
+    assert sum(rows) == 15 and asked == [2, 3, 4, 4] and rows == [3, 2, 5, 5]
+    assert schedule(15, 1) == [9] and schedule(3, 4) == [1, 1, 1, 1]
+    with pytest.raises(ValueError):
+        Scheduler(BlockManager(8, 16), max_num_seqs=1, max_num_batched_tokens=8, max_draft_step_rows=0)
+
+
+def test_checks_stay_within_the_rows_the_native_gemms_compute_exactly(tmp_path) -> None:
+    """Four sequences drafting at once on a Q4_K_M file (experiments/synthetic_gguf.py, a tiny
+    shape) on a CPU whose Q4_K / Q6_K GEMMs have a many-row body: every step with drafts
+    holds fewer rows than that body takes, and the output is plain decoding's token for token."""
+    from experiments.synthetic_gguf import Shape, write
+    from ignis.model import load_model
+    from ignis.model.packed import WIDEN_ROWS, exact_step_rows
+    from ignis_kernels import cpu_native
+
+    many = cpu_native.many_rows()
+    if many == 0:
+        pytest.skip("no many-row GEMM body on this CPU")
+    shape = Shape("llama", 256, 2, 4, 2, 64, 512, 49152 + 40, True, 500000.0)
+    loaded = load_model(str(write(shape, "q4_k_m", tmp_path / "q4_k_m.gguf", progress=False)),
+                        progress=False, weight_form="quantized", max_num_seqs=4)
+    assert exact_step_rows(loaded.model) == min(many, WIDEN_ROWS) - 1
+    prompts = [[(7 * i + j) % 50 + 300 for j in range(12)] * 4 for i in range(4)]  # each repeats itself
+    params = [SamplingParams.greedy(16, ignore_eos=True)] * 4
+    plain, _ = run(loaded, prompts, params, max_num_seqs=4)
+    engine = make(loaded, max_num_seqs=4, speculative="ngram", num_speculative_tokens=8)
+    steps: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def recorded():
+        batch = schedule()
+        if any(batch.drafts):
+            steps.append(sum(batch.num_new_tokens))
+        return batch
+
+    engine.scheduler.schedule = recorded
+    spec = engine.generate(prompts, params)
+    assert steps and max(steps) <= many - 1 and engine.num_draft_tokens > 0
+    assert engine.scheduler.max_draft_step_rows == many - 1
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
