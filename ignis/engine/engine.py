@@ -43,7 +43,6 @@ from ignis.engine.tp_group import RunnerSpec
 from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import kv_cache_bytes_per_block, resolve_kv_cache_dtype
 from ignis.model.loader import LoadedModel
-from ignis.model.packed import exact_step_rows
 
 if TYPE_CHECKING:
     from ignis.engine.tensor_parallel import TensorParallelStart
@@ -236,7 +235,7 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             step_time_budget=budget_ms / 1000 if budget_ms else None,
             drafter=self.drafter,
-            max_draft_step_rows=None if loaded.model is None else exact_step_rows(loaded.model),
+            max_draft_step_rows=None if loaded.model is None else loaded.model.exact_step_rows(),
         )
         spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,

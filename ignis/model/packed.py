@@ -958,18 +958,6 @@ class _FusedWeights:
         ex.down_proj = _meta_param(ex.down_proj)
 
 
-def exact_step_rows(model: Transformer) -> int | None:
-    """The most rows a step may hold for each row's projections to compute exactly what
-    they compute in a one-row step (PackedLinear.exact_rows, the least over the model's
-    packed ops); None: no packed op bounds it. Speculative decoding's checks stay within
-    it, so a draft never changes the tokens plain decoding gives. (The head is not
-    counted: RefinedHead recomputes each row's top candidates exactly at any row count.)"""
-    ops = [m.linear_op for m in model.modules() if isinstance(m, Linear) and isinstance(m.linear_op, PackedLinear)]
-    ops += [op for m in model.modules() if isinstance(m, Experts) for pair in m.expert_ops or () for op in pair]
-    bounds = [op.exact_rows for op in ops if op.exact_rows is not None]
-    return min(bounds) if bounds else None
-
-
 def pack_mxfp4_experts(model: Transformer) -> int:
     """The MXFP4 experts of a model loaded from an HF directory (ModelConfig.experts_mxfp4)
     as one pair of mxfp4 GEMMs per expert (Mx4Linear: the checkpoint's nibbles and exponents,
