@@ -42,6 +42,7 @@ from ignis.engine.thinking import BudgetState
 from ignis.engine.tp_group import RunnerSpec
 from ignis.model.config import ModelConfig
 from ignis.model.kv_cache import kv_cache_bytes_per_block, resolve_kv_cache_dtype
+from ignis.model.layers import exact_step_rows
 from ignis.model.loader import LoadedModel
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             step_time_budget=budget_ms / 1000 if budget_ms else None,
             drafter=self.drafter,
-            max_draft_step_rows=None if loaded.model is None else loaded.model.exact_step_rows(),
+            max_draft_step_rows=None if loaded.model is None else exact_step_rows(loaded.model),
         )
         spec = RunnerSpec(num_blocks=self.num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
                           max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=self.max_model_len,

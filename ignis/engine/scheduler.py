@@ -11,7 +11,7 @@ the step under way. The budget is spent in this order:
    starved by prefill). With speculative decoding (`drafter`, ignis/engine/speculation.py)
    a decode row also carries the draft tokens to check: 1 + k tokens in one step, the
    step's decode rows within max_draft_step_rows (where more rows would change the GEMMs'
-   numerics, Transformer.exact_step_rows), shared out over them.
+   numerics, ignis/model/layers.py's exact_step_rows), shared out over them.
 2. Running prefills (admission order), leaving room for the waiting prompts that fit
    in this step whole, FIFO: a short request that arrives during a long prompt's
    prefill is prefilled in the next step, beside a smaller chunk of the long one

@@ -258,3 +258,15 @@ class Attention(nn.Module):
             **extra,
         )
         return self.o_proj(o.reshape(T, self.q_size))
+
+
+def exact_step_rows(model: nn.Module) -> int | None:
+    """The most rows a step may hold for each row's projections to compute exactly what
+    they compute in a one-row step (the least `exact_rows` of the model's packed ops:
+    ignis/model/packed.py); None: no op bounds it. Speculative decoding's checks stay
+    within it, so a draft never changes the tokens plain decoding gives. (The head is not
+    counted: RefinedHead recomputes each row's top candidates exactly at any row count.)"""
+    ops = [m.linear_op for m in model.modules() if isinstance(m, Linear) and m.linear_op is not None]
+    ops += [op for m in model.modules() if isinstance(m, Experts) for pair in m.expert_ops or () for op in pair]
+    bounds = [b for op in ops if (b := getattr(op, "exact_rows", None)) is not None]
+    return min(bounds) if bounds else None

@@ -67,17 +67,6 @@ class Transformer(nn.Module):
         self.head_op: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.weight_form = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 
-    def exact_step_rows(self) -> int | None:
-        """The most rows a step may hold for each row's projections to compute exactly what
-        they compute in a one-row step (the least `exact_rows` of the model's packed ops:
-        ignis/model/packed.py); None: no op bounds it. Speculative decoding's checks stay
-        within it, so a draft never changes the tokens plain decoding gives. (The head is not
-        counted: RefinedHead recomputes each row's top candidates exactly at any row count.)"""
-        ops = [m.linear_op for m in self.modules() if isinstance(m, Linear) and m.linear_op is not None]
-        ops += [op for m in self.modules() if isinstance(m, Experts) for pair in m.expert_ops or () for op in pair]
-        bounds = [b for op in ops if (b := getattr(op, "exact_rows", None)) is not None]
-        return min(bounds) if bounds else None
-
     @property
     def device(self) -> torch.device:
         return self.norm.weight.device  # the embedding may be shape-only (packed forms)

@@ -357,6 +357,7 @@ def test_checks_stay_within_the_rows_the_native_gemms_compute_exactly(tmp_path) 
     holds fewer rows than that body takes, and the output is plain decoding's token for token."""
     from experiments.synthetic_gguf import Shape, write
     from ignis.model import load_model
+    from ignis.model.layers import exact_step_rows
     from ignis.model.packed import WIDEN_ROWS
     from ignis_kernels import cpu_native
 
@@ -366,7 +367,7 @@ def test_checks_stay_within_the_rows_the_native_gemms_compute_exactly(tmp_path) 
     shape = Shape("llama", 256, 2, 4, 2, 64, 512, 49152 + 40, True, 500000.0)
     loaded = load_model(str(write(shape, "q4_k_m", tmp_path / "q4_k_m.gguf", progress=False)),
                         progress=False, weight_form="quantized", max_num_seqs=4)
-    assert loaded.model.exact_step_rows() == min(many, WIDEN_ROWS) - 1
+    assert exact_step_rows(loaded.model) == min(many, WIDEN_ROWS) - 1
     prompts = [[(7 * i + j) % 50 + 300 for j in range(12)] * 4 for i in range(4)]  # each repeats itself
     params = [SamplingParams.greedy(16, ignore_eos=True)] * 4
     plain, _ = run(loaded, prompts, params, max_num_seqs=4)
