@@ -54,6 +54,7 @@ from gguf import GGMLQuantizationType as QT
 from ignis.model.config import ModelConfig
 from ignis.model.families import family
 from ignis.model.gguf_loader import ignis_name, rope_heads, unpermute_rope_rows
+from ignis.model.huge_pages import hold
 from ignis.model.gguf_quant import (
     GROUP,
     INT4_TYPES,
@@ -161,14 +162,15 @@ def _fp32_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
-def _blocked(a: np.ndarray) -> np.ndarray:
+def _blocked(a: np.ndarray) -> torch.Tensor:
     """Per-group data [N, G, ...] in the nibble formats' row order (ignis_kernels/cpu/quant_gemm.h,
     Weights::unit): blocks of eight rows, group-major within a block (block b's group g holds
-    its eight rows' in turn), the last N % 8 rows row by row after them. Same shape."""
+    its eight rows' in turn), the last N % 8 rows row by row after them. Same shape; a weight's
+    tensor, so held in huge pages where it is large (huge_pages.hold)."""
     n, g = a.shape[:2]
     n8 = n // 8 * 8
     head = a[:n8].reshape(n8 // 8, 8, g, *a.shape[2:]).swapaxes(1, 2)
-    return np.ascontiguousarray(np.concatenate((head.reshape(n8, g, *a.shape[2:]), a[n8:])))
+    return hold(np.concatenate((head.reshape(n8, g, *a.shape[2:]), a[n8:])))
 
 
 def _unblocked(t: torch.Tensor, n0: int, n1: int, groups: int) -> torch.Tensor:
@@ -212,9 +214,9 @@ class _Scales:
     def __init__(self, scale: np.ndarray, offset: np.ndarray, k_scales: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.pairs = self.sm = self.ds = None
         if k_scales is None:
-            self.pairs = torch.from_numpy(_blocked(np.stack((scale, offset), axis=-1).astype(np.float32)))
+            self.pairs = _blocked(np.stack((scale, offset), axis=-1).astype(np.float32))
         else:
-            self.sm, self.ds = (torch.from_numpy(_blocked(a)) for a in k_scales)
+            self.sm, self.ds = (_blocked(a) for a in k_scales)
 
     @property
     def tensors(self) -> list[torch.Tensor]:
@@ -242,7 +244,7 @@ def _nibbles(q: np.ndarray) -> torch.Tensor:
     """q's low four bits two a byte (element 2i of a row low, 2i + 1 high) [N, K/2], _blocked."""
     n, k = q.shape
     nibbles = ((q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)).astype(np.uint8).reshape(n, k // GROUP, 16)
-    return torch.from_numpy(_blocked(nibbles).reshape(n, k // 2))
+    return _blocked(nibbles).reshape(n, k // 2)
 
 
 def _low_bits_and_pairs(op: Int4Linear | Int5Linear, n0: int, n1: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,7 +320,7 @@ class Int5Linear(PackedLinear):
         fifth = ((q >> 4) & 1).astype(np.uint32).reshape(n, k // GROUP, GROUP)
         shifts = np.arange(16, dtype=np.uint32)
         words = (fifth[..., 0::2] << shifts).sum(axis=-1) | (fifth[..., 1::2] << (shifts + 16)).sum(axis=-1)
-        self.fifth_bits = torch.from_numpy(_blocked(words.astype(np.uint32)).view(np.int32))
+        self.fifth_bits = _blocked(words.astype(np.uint32).view(np.int32))
         self.widen_to = widen_to
         self.bias = bias
         self.nbytes = self.nibbles.numel() + 4 * self.fifth_bits.numel() + self.scales.nbytes
@@ -357,9 +359,9 @@ class Q6Linear(PackedLinear):
         self.nibbles = _nibbles(q)
         h = ((q >> 4) & 3).reshape(n, groups, GROUP)
         high = h[..., 1:16:2] | (h[..., 17:32:2] << 2) | (h[..., 0:16:2] << 4) | (h[..., 16:32:2] << 6)
-        self.high_bits = torch.from_numpy(_blocked(high.astype(np.uint8)))
-        self.sixteens = torch.from_numpy(_blocked(np.ascontiguousarray(sc, dtype=np.int8).reshape(n, groups, 2)))
-        self.supers = torch.from_numpy(_blocked(np.ascontiguousarray(d, dtype=np.float32).reshape(n, groups // 8)))
+        self.high_bits = _blocked(high.astype(np.uint8))
+        self.sixteens = _blocked(np.ascontiguousarray(sc, dtype=np.int8).reshape(n, groups, 2))
+        self.supers = _blocked(np.ascontiguousarray(d, dtype=np.float32).reshape(n, groups // 8))
         self.widen_to = widen_to
         self.bias = bias
         self.nbytes = self.nibbles.numel() + self.high_bits.numel() + self.sixteens.numel() + 4 * self.supers.numel()
@@ -469,8 +471,8 @@ class Mx4Linear(PackedLinear):
         """nibbles [N, K/2] uint8 (an HF checkpoint's blocks, flattened), exponents [N, K/32]."""
         n, k = nibbles.shape[0], 2 * nibbles.shape[1]
         self.in_features = k
-        self.nibbles = torch.from_numpy(_blocked(np.ascontiguousarray(nibbles).reshape(n, k // GROUP, 16)).reshape(n, k // 2))
-        self.exponents = torch.from_numpy(_blocked(exponents.astype(np.uint8)))
+        self.nibbles = _blocked(np.ascontiguousarray(nibbles).reshape(n, k // GROUP, 16)).reshape(n, k // 2)
+        self.exponents = _blocked(exponents.astype(np.uint8))
         self.widen_to = widen_to
         self.bias = bias
         self.nbytes = self.nibbles.numel() + self.exponents.numel()
@@ -637,8 +639,8 @@ class Q8Embedding:
     then dequantized (the rows of a step only)."""
 
     def __init__(self, q: np.ndarray, scale: np.ndarray, dtype: torch.dtype) -> None:
-        self.q = torch.from_numpy(q)
-        self.scale = torch.from_numpy(scale)
+        self.q = hold(q)
+        self.scale = hold(scale)
         self.dtype = dtype
         self.nbytes = self.q.numel() + self.scale.numel() * 2
 
@@ -790,7 +792,7 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
         return Mx4Linear(*_stacked(parts, lambda raw, _, c: decode_mxfp4_nibbles(raw, c)), bias, widen_to)
     if native and types <= Q8_TYPES and all(p.qtype != QT.MXFP4 or mxfp4_fits_q8(p.data, cols) for p in parts):
         q, d = _stacked(parts, decode_q8)
-        return Q8Linear(torch.from_numpy(q), torch.from_numpy(d), bias, widen_to)
+        return Q8Linear(hold(q), hold(d), bias, widen_to)
     if native and types <= INT4_TYPES | WIDE_INT_TYPES:
         return Int4PairLinear(*_stacked(parts, _decode_int), bias, widen_to)
     if native and types == {QT.Q6_K}:

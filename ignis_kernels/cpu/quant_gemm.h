@@ -30,10 +30,10 @@
 // takes bf16). Per row and group: sum_k W x = s * sum_k q x + o * sum_k x, so for kQ4/kQ5 x
 // is split once per call into its even and odd elements (the nibbles' order) and its group
 // sums, and the inner loop widens 32 values of each of several weight rows and multiplies them
-// into up to four rows of x at once. AVX-512: a table of the group's 16 (kQ4) or 32 (kQ5)
-// possible weights q * s + o (kMX4: e2m1 * 2^e), looked up by the nibbles (vpermps /
-// vpermt2ps: no int-to-float conversion, the offset comes with the weight); kQ8 widens its
-// bytes to fp32. AVX2+FMA and portable bodies beside.
+// into up to four rows of x at once. AVX-512 without VNNI: a table of the group's 16 (kQ4) or
+// 32 (kQ5) possible weights q * s + o (kMX4: e2m1 * 2^e), looked up by the nibbles (vpermps /
+// vpermt2ps: no int-to-float conversion, the offset comes with the weight). AVX2+FMA and
+// portable bodies beside.
 //
 // AVX2 has no such lookup, and widening values to fp32 (convert, scale, FMA) costs three
 // floating-point operations per eight weights. There the nibble formats multiply their
@@ -46,16 +46,19 @@
 // is scaled once: s * 2^e * sum_k q xq. A power of two keeps x's exact values where they fit
 // (the identity's ones, zeros) and the scaling exact.
 //
-// kMX4 with AVX512-VNNI: the fp32 lookups cost three shuffles per 32 weights, and decode
-// steps of gpt-oss are mostly these GEMMs. There a byte shuffle turns 64 nibbles into 2 * e2m1
-// + 12 (unsigned, in [0, 24]) and vpdpbusd multiplies them into x as bytes, four products a
+// With AVX512-VNNI every nibble format and kQ6 multiply as bytes (bytes_vnni): the fp32
+// lookups cost three shuffles and two FMAs per 32 weights and a row of x. There the values go
+// as unsigned bytes (kMX4: a byte shuffle to 2 * e2m1 + 12, in [0, 24]; kQ5: + 16 by a mask;
+// kQ6: the high bits or'ed in) and vpdpbusd multiplies them into x as bytes, four products a
 // lane. x is the int16 above at 14 bits (|xq| <= 2^14: within 2^-15 of the group's largest
 // |x|) split exactly into two signed bytes, xq = 256 h + l (two products per weight, none of
-// x's precision lost to bytes); the + 12 comes back out as -12 * sum(xq), once per group and
-// call. AVX2 runs the same arithmetic with vpmaddubsw + vpmaddwd (nibbles_avx2: 1.9x the int16
-// body it replaced on a Zen 3), bit for bit the VNNI body's outputs; both are checked on any
-// x86 machine, the VNNI one through SIMDe (tests/kernels/qgemm_emulated.cpp). One load holds a group of four rows (the blocks of eight, below), and
-// the int32 sums (exact) are scaled once per group by the row's 2^e times x's power.
+// x's precision lost to bytes); a bias (kMX4's + 12, kQ6's + 32) comes back out as -bias *
+// sum(xq) per lane, once per group and call. AVX2 runs the same arithmetic with vpmaddubsw +
+// vpmaddwd (nibbles_avx2: 1.9x the int16 body it replaced on a Zen 3), bit for bit the VNNI
+// body's outputs; both are checked on any x86 machine, the VNNI one through SIMDe
+// (tests/kernels/qgemm_emulated.cpp). One load holds a group of four rows (the blocks of
+// eight, below), and the int32 sums (exact) are scaled once per group by the row's scale
+// times x's power.
 //
 // Steps of many rows (kManyRows and more) of Q4_K and Q6_K on AVX2 without AVX-512 take a body
 // of their own (quant_gemm_many.h): x at 8 bits per super-block of 256, the weights' integer
@@ -73,7 +76,7 @@
 #include <cstring>
 #include <vector>
 
-// The AVX-512 bodies, and kMX4's VNNI one among them: where the compiler targets them, or
+// The AVX-512 bodies, and the VNNI byte body among them: where the compiler targets them, or
 // where a test sets these itself (tests/kernels/qgemm_emulated.cpp runs them through SIMDe's
 // emulation on a CPU without AVX-512).
 #ifndef IGNIS_QGEMM_AVX512
@@ -83,11 +86,11 @@
 #define IGNIS_QGEMM_AVX512 0
 #endif
 #endif
-#ifndef IGNIS_QGEMM_MX4_VNNI
+#ifndef IGNIS_QGEMM_VNNI
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define IGNIS_QGEMM_MX4_VNNI 1
+#define IGNIS_QGEMM_VNNI 1
 #else
-#define IGNIS_QGEMM_MX4_VNNI 0
+#define IGNIS_QGEMM_VNNI 0
 #endif
 #endif
 
@@ -178,6 +181,9 @@ inline float half_to_float(uint16_t h) {
 #if defined(__AVX2__) && defined(__FMA__)
 #define IGNIS_QGEMM_INT16_X 1
 #endif
+#if IGNIS_QGEMM_VNNI && !IGNIS_QGEMM_INT16_X
+#error "the VNNI byte body takes its tail rows through nibbles_avx2: build with AVX2 and FMA"
+#endif
 
 // Whether a format reads x as int16 (below): kQ8 wherever AVX2 is (AVX-512 looks the nibble
 // formats' weights up as fp32; AVX2 multiplies them into x's bytes: byte_x).
@@ -189,15 +195,13 @@ constexpr bool int16_x(Format f) {
 #endif
 }
 
-// Whether a format reads x as bytes: kMX4 with AVX512-VNNI (above), every nibble format on
-// AVX2 without AVX-512, and kQ6 wherever AVX2 is (nibbles_avx2).
+// Whether a format reads x as bytes: every nibble format with AVX512-VNNI (bytes_vnni) or on
+// AVX2 without AVX-512 (nibbles_avx2), and kQ6 wherever AVX2 is.
 constexpr bool byte_x(Format f) {
-#if !IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X
+#if IGNIS_QGEMM_VNNI || (!IGNIS_QGEMM_AVX512 && IGNIS_QGEMM_INT16_X)
   return f != kQ8;
 #elif IGNIS_QGEMM_INT16_X
-  return f == kQ6 || (IGNIS_QGEMM_MX4_VNNI && f == kMX4);
-#elif IGNIS_QGEMM_MX4_VNNI
-  return f == kMX4;
+  return f == kQ6;
 #else
   return false;
 #endif
@@ -210,7 +214,8 @@ constexpr bool byte_x(Format f) {
 // per group 64 int8, the 16 even elements' l, the 16 odd ones' l, then their h (xq = 256 h
 // + l, 14-bit xq), and xp; kMX4 adds xc [T, G, 4] int32: -12 times each 4-lane's sum of xq
 // (lane j: elements 2i and 2i + 1, i in [4j, 4j + 4)), with xp halved (its weights come
-// doubled); kQ6 xb (above); kQ4/kQ5 keep xs (their offsets' term).
+// doubled); kQ6 xb (above), and with VNNI xc at -32 (its bias); kQ4/kQ5 keep xs (their
+// offsets' term).
 struct Split {
   std::vector<float> xe, xo, xs;
   const float* xn = nullptr;
@@ -225,9 +230,11 @@ struct Split {
     const bool interleaved = f != kQ8, int16 = int16_x(f), mx4 = f == kMX4, q6 = f == kQ6;
     if (byte_x(f)) {
       x8.resize(T * G * 64);
-      if (mx4) xc.resize(T * G * 4);
-      else if (q6) xb.resize(T * G * 16);
-      else xs.resize(T * G);
+      // the bias the weights' bytes carry, taken back out per int32 lane (bytes_vnni's lanes)
+      const int bias = mx4 ? 12 : q6 && IGNIS_QGEMM_VNNI ? 32 : 0;
+      if (bias) xc.resize(T * G * 4);
+      if (q6) xb.resize(T * G * 16);
+      else if (!mx4) xs.resize(T * G);
       xp.resize(T * G);
       int16_t v[kGroup];
       for (int64_t t = 0; t < T; ++t)
@@ -245,20 +252,18 @@ struct Split {
               xb[tg * 16 + k] = int16_t(32 * (b[2 * k] + b[2 * k + 1] + b[16 + 2 * k] + b[17 + 2 * k]));
               xb[tg * 16 + 8 + k] = int16_t(32 * (b[32 + 2 * k] + b[33 + 2 * k] + b[48 + 2 * k] + b[49 + 2 * k]));
             }
-            continue;
-          }
-          if (!mx4) {
+          } else if (!mx4) {
             float sum = 0.0f;
             for (int64_t k = 0; k < kGroup; ++k) sum += x[t * K + g * kGroup + k];
             xs[tg] = sum;
-            continue;
           }
-          xp[tg] *= 0.5f;
-          for (int j = 0; j < 4; ++j) {  // the weights' bias (+ 12) taken back out
-            int32_t sum = 0;
-            for (int i = 4 * j; i < 4 * j + 4; ++i) sum += v[i] + v[16 + i];
-            xc[tg * 4 + j] = -12 * sum;
-          }
+          if (mx4) xp[tg] *= 0.5f;
+          if (bias)
+            for (int j = 0; j < 4; ++j) {  // the weights' bias taken back out
+              int32_t sum = 0;
+              for (int i = 4 * j; i < 4 * j + 4; ++i) sum += v[i] + v[16 + i];
+              xc[tg * 4 + j] = -bias * sum;
+            }
         }
       return;
     }
@@ -371,74 +376,6 @@ inline void block(const Weights& w, const Split& x, int64_t n0, int64_t t0, floa
     if (g < G) step(g, acc[0]);
     for (int r = 0; r < NB; ++r)
       for (int t = 0; t < TB; ++t) dot[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t]));
-#if IGNIS_QGEMM_MX4_VNNI
-  } else if constexpr (byte_x(F)) {
-    // Four rows a 512-bit register (a 128-bit quarter each, four int32 lanes a row), or one
-    // row in 128 bits (NB = 1: the tail rows); the same operations on every lane either way.
-    static_assert(NB == 1 || NB % 4 == 0, "rows of kMX4 go four to a register");
-    constexpr int C = NB >= 4 ? NB / 4 : 1;
-    const __m128i lut128 = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);  // 2 e2m1 + 12
-    const __m512i lut = _mm512_broadcast_i32x4(lut128), nib = _mm512_set1_epi8(15);
-    // each quarter q's four lanes take exponent byte q (zero-extended)
-    const __m512i ectl = _mm512_set_epi32(0x80808003, 0x80808003, 0x80808003, 0x80808003, 0x80808002, 0x80808002,
-                                          0x80808002, 0x80808002, 0x80808001, 0x80808001, 0x80808001, 0x80808001,
-                                          0x80808000, 0x80808000, 0x80808000, 0x80808000);
-    const __m512 tiny = _mm512_set1_ps(e8m0_to_float(0));
-    __m512 acc[C][TB];
-    __m128 acc1[TB];
-    for (int t = 0; t < TB; ++t) {
-      acc1[t] = _mm_setzero_ps();
-      for (int c = 0; c < C; ++c) acc[c][t] = _mm512_setzero_ps();
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      if constexpr (NB == 1) {
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.q + 16 * w.unit(n0, g)));
-        const __m128i lo = _mm_shuffle_epi8(lut128, _mm_and_si128(b, _mm_set1_epi8(15)));
-        const __m128i hi = _mm_shuffle_epi8(lut128, _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15)));
-        const __m128 ws = _mm_set1_ps(e8m0_to_float(w.e[w.unit(n0, g)]));
-        for (int t = 0; t < TB; ++t) {
-          const int64_t tg = (t0 + t) * G + g;
-          const int8_t* xb = x.x8.data() + tg * 64;
-          const auto ld = [&](int o) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + o)); };
-          const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.xc.data() + tg * 4));
-          const __m128i h = _mm_dpbusd_epi32(_mm_dpbusd_epi32(_mm_setzero_si128(), lo, ld(32)), hi, ld(48));
-          const __m128i l = _mm_dpbusd_epi32(_mm_dpbusd_epi32(c0, lo, ld(0)), hi, ld(16));
-          const __m128i sum = _mm_add_epi32(l, _mm_slli_epi32(h, 8));
-          acc1[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(sum), _mm_mul_ps(ws, _mm_set1_ps(x.xp[tg])), acc1[t]);
-        }
-      } else {
-        for (int c = 0; c < C; ++c) {
-          const int64_t u = w.unit(n0 + 4 * c, g);  // the four rows' units lie side by side
-          const __m512i b = _mm512_loadu_si512(w.q + 16 * u);
-          const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, nib));
-          const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib));
-          uint32_t eb;
-          std::memcpy(&eb, w.e + u, 4);
-          const __m512i ei = _mm512_shuffle_epi8(_mm512_set1_epi32(int32_t(eb)), ectl);
-          // 2^(e - 127) built in the exponent field; e = 0 (2^-127, a subnormal) apart
-          const __m512 ws = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(ei, _mm512_setzero_si512()),
-                                                 _mm512_castsi512_ps(_mm512_slli_epi32(ei, 23)), tiny);
-          for (int t = 0; t < TB; ++t) {
-            const int64_t tg = (t0 + t) * G + g;
-            const int8_t* xb = x.x8.data() + tg * 64;
-            const auto ld = [&](int o) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + o))); };
-            const __m512i c0 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.xc.data() + tg * 4)));
-            const __m512i h = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ld(32)), hi, ld(48));
-            const __m512i l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c0, lo, ld(0)), hi, ld(16));
-            const __m512i sum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 8));
-            acc[c][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_set1_ps(x.xp[tg])), acc[c][t]);
-          }
-        }
-      }
-    }
-    for (int t = 0; t < TB; ++t) {  // each row's four lanes, in one fixed order
-      alignas(64) float lanes[C * 16];
-      if constexpr (NB == 1) _mm_store_ps(lanes, acc1[t]);
-      else
-        for (int c = 0; c < C; ++c) _mm512_store_ps(lanes + 16 * c, acc[c][t]);
-      for (int r = 0; r < NB; ++r) dot[r][t] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
-    }
-#endif
   } else {
     // Each group's possible weights q * s + o as a table (16 entries, or 32 in two registers),
     // looked up by the values: no int-to-float conversion, and the offset comes with the weight.
@@ -761,6 +698,138 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
 }
 #endif
 
+#if IGNIS_QGEMM_VNNI
+// The nibble formats with AVX512-VNNI: nibbles_avx2's arithmetic four weight rows a 512-bit
+// register (a 128-bit quarter each; a block of eight's group g is 128 bytes in a row), the
+// values as unsigned bytes (kMX4: 2 e2m1 + 12 by a byte shuffle; kQ5: + 16 where the fifth bit
+// is set; kQ6: the high two bits in bits 4-5) multiplied into x's two signed bytes by vpdpbusd,
+// four products an int32 lane. Those are the lanes nibbles_avx2's vpmaddubsw + vpmaddwd sum,
+// so its outputs bit for bit (tail rows, NB = 1, go through it). The biases (kMX4's + 12,
+// kQ6's + 32) come back out through xc, kQ6's sixteens' scales multiply each lane in int32
+// (its madd's products), and kQ4/kQ5 add o * sum(x) per group in a chain of their own.
+// NB = 4 or 8.
+constexpr int64_t kPrefetch = 2048;  // bytes ahead in a block's stream of nibbles
+
+// KS: kQ4/kQ5 with the K types' scales (Weights::sm). Rows n0 .. n0 + NB lie in one block of
+// eight (Weights::unit), so group g's units are u0 + 8 g (+ 4 for the second four rows) and a
+// super-block j's v0 + 8 j: every address steps by a constant, and each group's scales come
+// from one load for all NB rows (this and the constant steps: a 1B model's Q4_K GEMMs at one
+// row 25 -> 33 GB/s in sequence on a 2-core Zen 4, where they had been bound by instructions).
+template <Format F, int NB, int TB, bool KS>
+inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t t0, float* y) {
+  static_assert(NB == 4 || NB == 8, "rows go four to a register");
+  static_assert(F != kQ8, "kQ8 holds its values as they are");
+  constexpr int C = NB / 4;
+  const int64_t G = x.G, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i nib = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16), bits45 = _mm512_set1_epi8(0x30);
+  // lane -> its row (a quarter each), and its row's entry in pairs laid row by row
+  const __m512i row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i first = _mm512_add_epi32(row, row), four = _mm512_set1_epi32(4), eight = _mm512_set1_epi32(8);
+  // kQ6: lane j of row r's quarter holds elements 8 j .. 8 j + 7, in sixteen j / 2: scale 2 r + j / 2
+  const __m512i sixteens = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512 tiny = _mm512_set1_ps(e8m0_to_float(0));
+  const auto x16 = [](const void* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  // the NB rows' bytes of a group's per-row pair (sm, sc) or single (e): never past the block's
+  const auto pairs_of = [](const void* p) {
+    return NB == 8 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)) : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  };
+  const auto singles_of = [](const uint8_t* p) {
+    int64_t v = 0;
+    std::memcpy(&v, p, NB);
+    return _mm_cvtsi64_si128(v);
+  };
+  __m512 acc[C][TB], zacc[C][TB];  // zacc: kQ4/kQ5's o * sum(x), row r's in its quarter
+  for (int c = 0; c < C; ++c)
+    for (int t = 0; t < TB; ++t) acc[c][t] = zacc[c][t] = _mm512_setzero_ps();
+  __m512 supers;  // the NB rows' super-block scales (KS: (d, -dmin) pairs row by row; kQ6: d)
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t u = u0 + 8 * g;
+    if ((KS || F == kQ6) && g % 8 == 0) {
+      const float* p = w.ds + (KS ? 2 : 1) * (v0 + g);  // (super(n0, g / 8) = v0 + g: eight units a super-block)
+      constexpr int n = (KS ? 2 : 1) * NB;
+      supers = n == 16 ? _mm512_loadu_ps(p) : n == 8 ? _mm512_castps256_ps512(_mm256_loadu_ps(p)) : _mm512_castps128_ps512(_mm_loadu_ps(p));
+    }
+    __m512 ws[C], os[C];  // each row's scale (kQ6: its super-block's d) and offset, in its quarter
+    __m512i sc6[C];       // kQ6: each lane's sixteen's scale
+    for (int c = 0; c < C; ++c) {
+      if constexpr (F == kMX4) {
+        const __m512i ei = _mm512_permutexvar_epi32(_mm512_add_epi32(row, c ? four : _mm512_setzero_si512()),
+                                                    _mm512_cvtepu8_epi32(singles_of(w.e + u)));
+        // 2^(e - 127) built in the exponent field; e = 0 (2^-127, a subnormal) apart
+        ws[c] = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(ei, _mm512_setzero_si512()),
+                                     _mm512_castsi512_ps(_mm512_slli_epi32(ei, 23)), tiny);
+      } else if constexpr (F == kQ6) {
+        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(row, c ? four : _mm512_setzero_si512()), supers);
+        sc6[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(sixteens, c ? eight : _mm512_setzero_si512()),
+                                          _mm512_cvtepi8_epi32(pairs_of(w.sc + 2 * u)));
+      } else {
+        __m512 pairs;  // (s, o) of the NB rows, row by row
+        if constexpr (KS) {  // s = sc * d, o = m * -dmin
+          pairs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pairs_of(w.sm + 2 * u))), supers);
+        } else {
+          pairs = NB == 8 ? _mm512_loadu_ps(w.so + 2 * u) : _mm512_castps256_ps512(_mm256_loadu_ps(w.so + 2 * u));
+        }
+        const __m512i at = _mm512_add_epi32(first, c ? eight : _mm512_setzero_si512());
+        ws[c] = _mm512_permutexvar_ps(at, pairs);
+        os[c] = _mm512_permutexvar_ps(_mm512_add_epi32(at, _mm512_set1_epi32(1)), pairs);
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* q = w.q + 16 * (u + 4 * c);
+      const __m512i b = _mm512_loadu_si512(q);
+      // a long row's block (K 8192) left to the hardware's prefetch read at 23-26 GB/s on a
+      // Zen 4, with this 30-32 (a block of K 2048 at ~31 either way)
+      _mm_prefetch(reinterpret_cast<const char*>(q + kPrefetch), _MM_HINT_T0);
+      __m512i lo = _mm512_and_si512(b, nib), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
+      if constexpr (F == kMX4) {
+        lo = _mm512_shuffle_epi8(lut, lo);
+        hi = _mm512_shuffle_epi8(lut, hi);
+      } else if constexpr (F == kQ5) {  // byte 16 r + i: bit i (even elements) or 16 + i (odd) of row r's word
+        const __m128i words = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qh + u + 4 * c)),
+                                               _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+        lo = _mm512_mask_add_epi8(lo, __mmask64(_mm_cvtsi128_si64(words)), lo, sixteen);
+        hi = _mm512_mask_add_epi8(hi, __mmask64(_mm_extract_epi64(words, 1)), hi, sixteen);
+      } else if constexpr (F == kQ6) {  // each row's eight high-bit bytes in both 64-bit lanes of its quarter
+        const __m512i t = _mm512_permutexvar_epi64(
+            _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3),
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.hb + 8 * (u + 4 * c)))));
+        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_srlv_epi64(t, _mm512_setr_epi64(0, 2, 0, 2, 0, 2, 0, 2)), bits45));
+        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_sllv_epi64(t, _mm512_setr_epi64(4, 2, 4, 2, 4, 2, 4, 2)), bits45));
+      }
+      for (int t = 0; t < TB; ++t) {
+        const int64_t tg = (t0 + t) * G + g;
+        const int8_t* xb = x.x8.data() + tg * 64;
+        __m512i l = F == kMX4 || F == kQ6 ? x16(x.xc.data() + tg * 4) : _mm512_setzero_si512();
+        l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l, lo, x16(xb)), hi, x16(xb + 16));
+        const __m512i h = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x16(xb + 32)), hi, x16(xb + 48));
+        __m512i sum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 8));
+        if constexpr (F == kQ6) sum = _mm512_mullo_epi32(sum, sc6[c]);
+        acc[c][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws[c], _mm512_set1_ps(x.xp[tg])), acc[c][t]);
+        if constexpr (F == kQ4 || F == kQ5) zacc[c][t] = _mm512_fmadd_ps(os[c], _mm512_set1_ps(x.xs[tg]), zacc[c][t]);
+      }
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int c = 0; c < C; ++c) {  // each row's four lanes, in nibbles_avx2's order
+      alignas(64) float lanes[16], zero[16];
+      _mm512_store_ps(lanes, acc[c][t]);
+      _mm512_store_ps(zero, zacc[c][t]);
+      for (int r = 0; r < 4; ++r) {
+        const float dot = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+        y[(t0 + t) * w.stride() + n0 + 4 * c + r] = F == kMX4 || F == kQ6 ? dot : dot + zero[4 * r];
+      }
+    }
+}
+
+// Rows n0 .. n0 + NB against TB rows of x from t0.
+template <Format F, int NB, int TB>
+inline void bytes_vnni(const Weights& w, const Split& x, int64_t n0, int64_t t0, float* y) {
+  if ((F == kQ4 || F == kQ5) && w.sm) return bytes_vnni_of<F, NB, TB, true>(w, x, n0, t0, y);
+  bytes_vnni_of<F, NB, TB, false>(w, x, n0, t0, y);
+}
+#endif
+
 #if IGNIS_QGEMM_INT16_X && !IGNIS_QGEMM_AVX512
 #define IGNIS_QGEMM_MANY 1
 #include "quant_gemm_many.h"
@@ -776,6 +845,25 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
 template <Format F>
 inline void rows(const Weights& w, const Split& x, int64_t n0, int64_t n1, int64_t T, float* y) {
   int64_t t0 = 0;
+#if IGNIS_QGEMM_VNNI
+  if constexpr (F != kQ8) {
+    for (int64_t n = n0; n < n1; n += (n + 8 <= n1 ? 8 : 1)) {
+      int64_t t = 0;
+      if (n + 8 > n1) {  // a tail row (tiles start at a block of eight: Weights::unit), the same sums
+        for (; t + 2 <= T; t += 2) nibbles_avx2<F, 1, 2>(w, x, n, t, y);
+        if (T - t == 1) nibbles_avx2<F, 1, 1>(w, x, n, t, y);
+        continue;
+      }
+      for (; t + 4 <= T; t += 4) {
+        bytes_vnni<F, 4, 4>(w, x, n, t, y);
+        bytes_vnni<F, 4, 4>(w, x, n + 4, t, y);
+      }
+      for (; t + 2 <= T; t += 2) bytes_vnni<F, 8, 2>(w, x, n, t, y);
+      if (T - t == 1) bytes_vnni<F, 8, 1>(w, x, n, t, y);
+    }
+    return;
+  } else  // (the rest is not instantiated for them)
+#endif
 #if IGNIS_QGEMM_INT16_X
   if constexpr (F == kQ6 || (!IGNIS_QGEMM_AVX512 && F != kQ8)) {
     for (int64_t n = n0; n < n1; n += (n + 8 <= n1 ? 8 : 1)) {

@@ -1,6 +1,6 @@
 """ignis_kernels/cpu/quant_gemm.h's AVX-512 bodies, on any x86 CPU: qgemm_emulated.cpp runs them
 through SIMDe's intrinsics (Debian's libsimde-dev, `make test` installs it), with and without
-the AVX512-VNNI body of the mxfp4 form, and the AVX2 bodies natively, each against a float64
+the AVX512-VNNI byte body, and the AVX2 bodies natively, each against a float64
 product of each format's weights. On an AVX2 machine (CI's may be one) nothing else runs the
 AVX-512 bodies; on an AVX-512 one the native op runs them for real (tests/model) and this
 adds the body the host lacks."""
@@ -37,7 +37,7 @@ def _run(build: str) -> list[str]:
     torch_dir = Path(torch.__file__).parent
     exe = Path(tempfile.mkdtemp(prefix="qgemm-")) / "qgemm_emulated"
     cmd = ["g++", "-O1", "-std=c++20", "-march=x86-64-v3", "-fopenmp", "-w", f"-DIGNIS_QGEMM_AVX512={avx512}",
-           f"-DIGNIS_QGEMM_MX4_VNNI={vnni}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+           f"-DIGNIS_QGEMM_VNNI={vnni}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            f"-I{torch_dir / 'include'}", str(HERE / "qgemm_emulated.cpp"), "-o", str(exe),
            f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
     try:
@@ -61,11 +61,14 @@ def test_bodies_match_the_formats(build: str) -> None:
     assert sum(ln.startswith("ok format 6 ") for ln in lines) == 6 * 2 * 6  # Q6_K's blocks
 
 
-def test_avx2_and_vnni_mxfp4_bodies_agree_bit_for_bit() -> None:
-    """The AVX2 mxfp4 body is the VNNI one's arithmetic (vpmaddubsw + vpmaddwd for vpdpbusd):
-    the same outputs, bit for bit, in every case."""
+def test_avx2_and_vnni_byte_bodies_agree_bit_for_bit() -> None:
+    """The VNNI byte body is the AVX2 one's arithmetic (vpdpbusd for vpmaddubsw + vpmaddwd):
+    the same outputs, bit for bit, in every case of every nibble format and of Q6_K."""
 
     def outputs(build: str) -> list[str]:
-        return [ln.split(": ")[0] + ln.split(",")[-1] for ln in _run(build) if ln.startswith("ok format 40 ")]
+        nibbles = ("ok format 4 ", "ok format 4k ", "ok format 5 ", "ok format 5k ", "ok format 6 ", "ok format 40 ")
+        return [ln.split(": ")[0] + ln.split(",")[-1] for ln in _run(build) if ln.startswith(nibbles)]
 
-    assert outputs("avx512-vnni") == outputs("avx2")
+    vnni = outputs("avx512-vnni")
+    assert len(vnni) == 72 + 2 * 72 + 2 * 6 * 2 * 6 + 6 * 2 * 6
+    assert vnni == outputs("avx2")

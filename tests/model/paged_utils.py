@@ -17,16 +17,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def quant_gemm_rtol(bits: int = 4, mxfp4: bool = False) -> float:
+def quant_gemm_rtol(bits: int = 4) -> float:
     """How close the native quantized GEMMs come to the file's weight times x (relative to
     the largest output): fp32 activations, or int16 ones per group of 32 (within 2^-15 of
     each group's largest |x|, ignis_kernels/cpu/quant_gemm.h) on the AVX2 tier, for the 8-bit
-    form wherever AVX2 is (AVX-512 too), and for MXFP4 where AVX512-VNNI is."""
+    form wherever AVX2 is (AVX-512 too), and for every format where AVX512-VNNI is."""
     from ignis_kernels import cpu_platform
 
     p = cpu_platform.current()
     vnni = p.level == "avx512" and "avx512_vnni" in p.flags
-    return 3e-4 if p.level == "avx2" or (bits == 8 and p.level != "portable") or (mxfp4 and vnni) else 1e-5
+    return 3e-4 if p.level == "avx2" or vnni or (bits == 8 and p.level != "portable") else 1e-5
 
 
 def assert_gemm_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rtol: float) -> None:

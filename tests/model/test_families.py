@@ -236,7 +236,7 @@ def test_gpt_oss_mxfp4_checkpoints_match_transformers(built: dict[str, dict[str,
     if cpu_native.load():
         assert pack_mxfp4_experts(held) == config.num_layers
         assert {op.form for pair in held.layers[0].mlp.experts.expert_ops for op in pair} == {"mxfp4"}
-        _check_against_hf(held, hf, tol=quant_gemm_rtol(4, mxfp4=True) * 10)
+        _check_against_hf(held, hf, tol=quant_gemm_rtol(4) * 10)
 
     converter = converter_dir()
     if converter is None:

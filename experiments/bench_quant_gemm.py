@@ -1,0 +1,102 @@
+"""The native op's GEMMs over a file's own blocks, per format, at real shapes and few rows.
+
+    .venv/bin/python experiments/bench_quant_gemm.py [--shape llama-3.2-1b] [--rows 1 2 4 9 16] [--threads 2]
+
+Times y = x W^T through `torch.ops.ignis_cpu.quant_gemm` (ignis_kernels/cpu/quant_gemm.h) for the
+projections of a shape (experiments/synthetic_gguf.py's) in the forms a Q4_K_M or MXFP4 file
+loads as: Q4_K (int4 with the file's six-bit scales), Q5_K, Q6_K and MXFP4. Each call takes the
+next of enough copies of the weight to fill 384 MB, so the weights come from memory as in a
+decode step. Prints microseconds per call (best of 5 batches) and the weight bytes read per
+second. Random weights: speed only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2`
+times the AVX2 one on an AVX-512 machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from experiments.bench_cpu_linear import best_us  # noqa: E402
+from experiments.synthetic_gguf import SHAPES  # noqa: E402
+
+POOL = 384 << 20
+
+
+def k_scaled(n: int, k: int, bits: int, rng: np.random.Generator):
+    """A Q4_K / Q5_K weight as ignis holds it: values, the six-bit (sc, m) and (d, -dmin)."""
+    from ignis.model.packed import Int4Linear, Int5Linear
+
+    q = rng.integers(0, 1 << bits, (n, k), dtype=np.uint8)
+    sm = rng.integers(0, 64, (n, k // 32, 2), dtype=np.uint8)
+    ds = np.abs(rng.normal(0, 1e-3, (n, k // 256, 2))).astype(np.float32)
+    ds[..., 1] *= -1
+    scale = sm[..., 0] * np.repeat(ds[..., 0], 8, axis=1)
+    offset = sm[..., 1] * np.repeat(ds[..., 1], 8, axis=1)
+    cls = Int4Linear if bits == 4 else Int5Linear
+    return cls(q, scale, offset, None, k_scales=(sm, ds))
+
+
+def q6_k(n: int, k: int, rng: np.random.Generator):
+    from ignis.model.packed import Q6Linear
+
+    q = rng.integers(0, 64, (n, k), dtype=np.uint8)
+    sc = rng.integers(-128, 128, (n, k // 16), dtype=np.int8)
+    d = np.abs(rng.normal(0, 1e-4, (n, k // 256))).astype(np.float32)
+    return Q6Linear(q, sc, d, None)
+
+
+def mxfp4(n: int, k: int, rng: np.random.Generator):
+    from ignis.model.gguf_quant import decode_mxfp4_nibbles
+    from ignis.model.packed import Mx4Linear
+
+    raw = rng.integers(0, 256, (n, k // 32, 17), dtype=np.uint8)
+    raw[..., 0] = rng.integers(119, 121, (n, k // 32))
+    return Mx4Linear(*decode_mxfp4_nibbles(raw.reshape(n, -1), k), None)
+
+
+FORMS = {"q4_k": lambda n, k, rng: k_scaled(n, k, 4, rng), "q5_k": lambda n, k, rng: k_scaled(n, k, 5, rng),
+         "q6_k": q6_k, "mxfp4": mxfp4}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
+    ap.add_argument("--forms", nargs="+", default=["q4_k", "q5_k", "q6_k"], choices=sorted(FORMS))
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 9, 16])
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from ignis_kernels import cpu_native, cpu_platform
+
+    if not cpu_native.load():
+        sys.exit("the native op is not built here")
+    s = SHAPES[args.shape]
+    q_rows = s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim
+    gemms = {"q|k|v": (q_rows, s.hidden), "o": (s.hidden, s.heads * s.head_dim), "gate|up": (2 * s.ffn, s.hidden),
+             "down": (s.hidden, s.ffn)}
+    print(f"CPU: {cpu_platform.current().describe()}; {args.threads} threads; shape {args.shape}")
+    print("| form | GEMM | " + " | ".join(f"{r} rows us (GB/s)" for r in args.rows) + " |")
+    print("|---|---|" + "---:|" * len(args.rows))
+    rng = np.random.default_rng(0)
+    for form in args.forms:
+        for name, (n, k) in gemms.items():
+            first = FORMS[form](n, k, rng)
+            ops = [first] + [FORMS[form](n, k, rng) for _ in range(max(1, POOL // first.nbytes) - 1)]
+            cells = []
+            for rows in args.rows:
+                x = torch.randn(rows, k)
+                turn = iter(range(1 << 62))
+                us = best_us(lambda: ops[next(turn) % len(ops)](x), max(len(ops), 64 // rows))
+                cells.append(f"{us:.0f} ({first.nbytes / us / 1e3:.1f})")
+            print(f"| {form} | {name} {n}x{k} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
