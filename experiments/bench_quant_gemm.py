@@ -7,7 +7,8 @@ projections of a shape (experiments/synthetic_gguf.py's) in the forms a Q4_K_M o
 loads as: Q4_K (int4 with the file's six-bit scales), Q5_K, Q6_K and MXFP4. Each call takes the
 next of enough copies of the weight to fill 384 MB, so the weights come from memory as in a
 decode step. Prints microseconds per call (best of 5 batches) and the weight bytes read per
-second. Random weights: speed only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2`
+second; --wide adds the kept bf16 / fp16 copy the `mixed` form holds where a format has no
+many-row body. Random weights: speed only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2`
 times the AVX2 one on an AVX-512 machine).
 """
 
@@ -71,8 +72,12 @@ def main() -> None:
     ap.add_argument("--forms", nargs="+", default=["q4_k", "q5_k", "q6_k"], choices=sorted(FORMS))
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 9, 16])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--wide", action="store_true",
+                    help="also time the kept wide copy `mixed` would hold instead (bf16 where oneDNN has it, else fp16)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from ignis.model.packed import wide_linear
+    from ignis.model.weight_plan import wide_kind
     from ignis_kernels import cpu_native, cpu_platform
 
     if not cpu_native.load():
@@ -96,6 +101,19 @@ def main() -> None:
                 us = best_us(lambda: ops[next(turn) % len(ops)](x), max(len(ops), 64 // rows))
                 cells.append(f"{us:.0f} ({first.nbytes / us / 1e3:.1f})")
             print(f"| {form} | {name} {n}x{k} | " + " | ".join(cells) + " |", flush=True)
+            if args.wide:
+                kind = wide_kind(cpu_platform.current())
+                dense = first.widen(0, n, torch.float32)
+                wide = [wide_linear(dense, kind)]
+                wide += [wide_linear(dense.clone(), kind) for _ in range(max(1, POOL // wide[0].nbytes) - 1)]
+                del ops
+                cells = []
+                for rows in args.rows:
+                    x = torch.randn(rows, k)
+                    turn = iter(range(1 << 62))
+                    us = best_us(lambda: wide[next(turn) % len(wide)](x), max(len(wide), 64 // rows))
+                    cells.append(f"{us:.0f} ({wide[0].nbytes / us / 1e3:.1f})")
+                print(f"| {kind} copy | {name} {n}x{k} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -217,6 +217,6 @@ def _load() -> bool:
 
 def many_rows() -> int:
     """The fewest rows from which the op's Q4_K / Q6_K GEMMs take their many-row body
-    (ignis_kernels/cpu/quant_gemm_many.h: 8-bit activations, faster than any dense GEMM here at
-    every row count), or 0 where the op is not built or has none (AVX-512, non-x86)."""
+    (ignis_kernels/cpu/quant_gemm_many.h: 8-bit activations; AVX2, and AVX-512 with VNNI), or 0
+    where the op is not built or has none (AVX-512 without VNNI, non-x86)."""
     return int(torch.ops.ignis_cpu.quant_gemm_many_rows()) if load() else 0

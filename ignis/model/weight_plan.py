@@ -15,9 +15,11 @@ The forms (`model.weight_form`, built by ignis/model/packed.py):
   mixed      the quantized GEMMs for steps of up to NARROW_ROWS rows beside a kept `wide`
              copy for wider ones: bf16 where oneDNN has it, else fbgemm's fp16 (fp16
              weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
-             A weight whose native GEMM has a many-row body (Q4_K, Q6_K on AVX2 CPUs
-             without AVX-512: ignis_kernels.cpu_native.many_rows, 8-bit activations from 16
-             rows on) keeps no copy: its own GEMM is the faster at every row count.
+             A weight whose native GEMM has a many-row body (Q4_K, Q6_K on AVX2 CPUs and
+             AVX-512 ones with VNNI: ignis_kernels.cpu_native.many_rows, 8-bit activations
+             from 16 rows on) keeps no copy where that body beats the wide GEMM at every row
+             count (many_serves_every_step: no bf16 GEMM here); where oneDNN's bf16 runs it
+             only takes the quantized form's steps below WIDEN_ROWS.
 The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and for few rows
 int8 with dynamic-quantized activations (at 7 bits where the CPU lacks VNNI), or a large
 Q8_0 table's own GEMM (packed.py's Q8Linear).
@@ -57,6 +59,16 @@ class WeightPlan:
     head_int8: bool = True  # the head has an int8 dynamic-quantized GEMM for few rows
     head_full_range: bool = True  # ... at 8-bit activations (VNNI); else torch's reduce_range
     why: str = ""
+
+
+def many_serves_every_step(p: CpuPlatform | None = None) -> bool:
+    """Whether the native op's many-row body (Q4_K, Q6_K) also takes prefill chunks and the
+    mixed form's wide steps, so that no wide copy is made: where the wide GEMM is not oneDNN's
+    bf16 (AVX2: 1.7-2x fbgemm's fp16 over a kept copy at 64 rows, 2-4x the weight widened to
+    fp32 for a prefill chunk). With bf16 (AVX-512 VNNI CPUs) a kept or widened bf16 copy
+    measured 1.2-1.8x faster from 64 rows on a Zen 4, so the body serves only the quantized
+    form's steps below WIDEN_ROWS there, in place of the 14-bit one."""
+    return cpu_native.many_rows() > 0 and not (p or cpu_platform.current()).has_gemm("bf16")
 
 
 def wide_kind(p: CpuPlatform) -> str:
@@ -128,7 +140,7 @@ def plan_weights(
     if form == "quantized":
         parts.append(f"steps of many rows widened to {widen_to}")
     if form in ("mixed", "bfloat16"):
-        many = form == "mixed" and native and cpu_native.many_rows() > 0
+        many = form == "mixed" and native and many_serves_every_step(p)
         parts.append(f"wide steps through a kept {wide} copy" + (" (none of Q4_K / Q6_K: their many-row GEMM)" if many else ""))
     parts.append(f"head {wide}" + (f" + int8 dynamic ({'8' if plan.head_full_range else '7'}-bit activations)"
                                    if head_int8 else ""))

@@ -830,7 +830,7 @@ inline void bytes_vnni(const Weights& w, const Split& x, int64_t n0, int64_t t0,
 }
 #endif
 
-#if IGNIS_QGEMM_INT16_X && !IGNIS_QGEMM_AVX512
+#if IGNIS_QGEMM_INT16_X && (!IGNIS_QGEMM_AVX512 || IGNIS_QGEMM_VNNI)
 #define IGNIS_QGEMM_MANY 1
 #include "quant_gemm_many.h"
 #else

@@ -1,6 +1,7 @@
 // Steps of many rows (kManyRows and more: a batch of decoding sequences) through Q4_K's and
-// Q6_K's own values on AVX2 CPUs without AVX-512, in place of a kept fp16 copy. Included by
-// quant_gemm.h inside namespace qgemm, where IGNIS_QGEMM_INT16_X and not IGNIS_QGEMM_AVX512.
+// Q6_K's own values on AVX2 CPUs without AVX-512 and on AVX-512 ones with VNNI, in place of a
+// kept fp16 / bf16 copy. Included by quant_gemm.h inside namespace qgemm, where
+// IGNIS_QGEMM_INT16_X and either not IGNIS_QGEMM_AVX512 or IGNIS_QGEMM_VNNI.
 //
 // The few-row body (nibbles_avx2) keeps x at 14 bits per group of 32 (two bytes a value) and
 // scales every group's int32 sums in fp32: at one row it waits on memory, but from a few rows
@@ -13,7 +14,9 @@
 // bytes). A pair of weight rows a register (a 128-bit half each, as nibbles_avx2), decoded
 // once for six rows of x. Every output is the same sum in the same order whatever the step's
 // row count (from kManyRows), so a sequence's results do not depend on which others share
-// its steps there.
+// its steps there. With AVX512-VNNI (many_vnni) four rows go to a register and vpdpbusd
+// sums each int32 lane's eight products (vpmaddubsw + vpmaddwd's lanes: the same integers),
+// which a vpmaddwd then scales by the weights' shifted integer scale as on AVX2.
 
 #pragma once
 
@@ -49,6 +52,7 @@ struct Split8 {
   std::vector<int64_t> up;
   std::vector<float> sums;  // kQ4
   std::vector<int16_t> bias;  // kQ6
+  std::vector<int32_t> bias32;  // kQ6 with VNNI: minus each int32 lane's bias (elements 8 j .. 8 j + 7), [T, G, 4]
   int64_t T, K, G, S;
 
   Split8(const float* x, int64_t T_, int64_t K_, Format f) : T(T_), K(K_), G(K_ / kGroup), S(K_ / kSuper) {
@@ -56,7 +60,7 @@ struct Split8 {
     q.resize(T * K);
     d.resize(T * S);
     up.resize(T * G);
-    if (f == kQ6) bias.resize(T * G * 8);
+    if (f == kQ6) bias.resize(T * G * 8), bias32.resize(IGNIS_QGEMM_VNNI ? T * G * 4 : 0);
     else sums.resize(T * G);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -91,6 +95,8 @@ struct Split8 {
           if (f == kQ6) {
             for (int k = 0; k < 8; ++k)
               bias[(t * G + g) * 8 + k] = int16_t(32 * (out[2 * k] + out[2 * k + 1] + out[16 + 2 * k] + out[17 + 2 * k]));
+            if (IGNIS_QGEMM_VNNI)
+              for (int j = 0; j < 4; ++j) bias32[(t * G + g) * 4 + j] = -(bias[(t * G + g) * 8 + 2 * j] + bias[(t * G + g) * 8 + 2 * j + 1]);
           } else {
             int s = 0;
             for (int k = 0; k < kGroup; ++k) s += out[k];
@@ -199,6 +205,80 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
   }
 }
 
+#if IGNIS_QGEMM_VNNI
+// many_avx2's arithmetic with AVX512-VNNI: a block of eight weight rows from n0 as two
+// registers of four (a 128-bit quarter a row, as bytes_vnni), TB rows of x from t0. Per group
+// and row of x: two vpdpbusd into zero (kQ6: minus its bias), whose int32 lanes (eight
+// products, |sum| < 2^15) a vpmaddwd multiplies by the weights' shifted integer scale (the
+// scale in each lane's low int16, zero in its high one), summed exactly over a super-block.
+template <Format F, int TB>
+inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
+  const int64_t G = x.G, S = x.S, K = x.K, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
+  const __m512i nib = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30), low16 = _mm512_set1_epi32(0xFFFF);
+  const __m512i row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i sixteens = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const auto x16 = [](const void* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  alignas(32) float offsets[TB][8];  // kQ4: row r's offset term for row t of x
+  if constexpr (F == kQ4) {
+    __m256 o[TB];
+    many_offsets<TB>(w, x, n0, t0, o);
+    for (int t = 0; t < TB; ++t) _mm256_store_ps(offsets[t], o[t]);
+  }
+  __m512 f[2][TB];
+  for (int c = 0; c < 2; ++c)
+    for (int t = 0; t < TB; ++t) f[c][t] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S; ++j) {
+    __m512i acc[2][TB];
+    for (int c = 0; c < 2; ++c)
+      for (int t = 0; t < TB; ++t) acc[c][t] = _mm512_setzero_si512();
+    for (int64_t g = 8 * j; g < 8 * j + 8; ++g) {
+      const int64_t u = u0 + 8 * g;
+      // each lane's integer scale as an int16 in its low half: Q4_K's sc of its row, Q6_K's of its sixteen
+      const __m512i sc = F == kQ6 ? _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + 2 * u))), low16)
+                                  : _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sm + 2 * u)));
+      __m512i scu[TB];  // shifted by each row of x's power for the group (16-bit shifts: the high halves stay zero)
+      for (int t = 0; t < TB; ++t) scu[t] = _mm512_sll_epi16(sc, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.up.data() + (t0 + t) * G + g)));
+      for (int c = 0; c < 2; ++c) {
+        const __m512i at = F == kQ6 ? _mm512_add_epi32(sixteens, _mm512_set1_epi32(8 * c))  // (sc, m) or each sixteen's
+                                    : _mm512_add_epi32(_mm512_add_epi32(row, row), _mm512_set1_epi32(8 * c));
+        const __m512i b = _mm512_loadu_si512(w.q + 16 * (u + 4 * c));
+        __m512i lo = _mm512_and_si512(b, nib), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
+        if constexpr (F == kQ6) {
+          const __m512i t = _mm512_permutexvar_epi64(
+              _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3),
+              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.hb + 8 * (u + 4 * c)))));
+          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_srlv_epi64(t, _mm512_setr_epi64(0, 2, 0, 2, 0, 2, 0, 2)), bits45));
+          hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_sllv_epi64(t, _mm512_setr_epi64(4, 2, 4, 2, 4, 2, 4, 2)), bits45));
+        }
+        for (int t = 0; t < TB; ++t) {
+          const int8_t* xq = x.q.data() + (t0 + t) * K + 32 * g;
+          const __m512i init = F == kQ6 ? x16(x.bias32.data() + ((t0 + t) * G + g) * 4) : _mm512_setzero_si512();
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo, x16(xq)), hi, x16(xq + 16));
+          acc[c][t] = _mm512_add_epi32(acc[c][t], _mm512_madd_epi16(s, _mm512_permutexvar_epi32(at, scu[t])));
+        }
+      }
+    }
+    for (int c = 0; c < 2; ++c) {  // each row's d in its quarter
+      const __m512 dw = F == kQ6 ? _mm512_permutexvar_ps(_mm512_add_epi32(row, _mm512_set1_epi32(4 * c)),
+                                                         _mm512_castps256_ps512(_mm256_loadu_ps(w.ds + v0 + 8 * j)))
+                                 : _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_add_epi32(row, row), _mm512_set1_epi32(8 * c)),
+                                                         _mm512_loadu_ps(w.ds + 2 * (v0 + 8 * j)));
+      for (int t = 0; t < TB; ++t)
+        f[c][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[c][t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(t0 + t) * S + j])), f[c][t]);
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int c = 0; c < 2; ++c) {  // each row's four lanes, in many_avx2's order
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, f[c][t]);
+      for (int r = 0; r < 4; ++r) {
+        const float dot = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+        y[(t0 + t) * w.stride() + n0 + 4 * c + r] = F == kQ4 ? dot + offsets[t][4 * c + r] : dot;
+      }
+    }
+}
+#endif
+
 // Rows [n0, n1) (whole blocks of eight) against every row of x, six rows of x at a time (8-10%
 // faster than four on a Zen 3; eight no more), in
 // chunks of kChunkRows rows of x (a prefill chunk's x would not stay in the second-level cache
@@ -211,14 +291,20 @@ inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t 
     const int64_t c1 = std::min(x.T, c + kChunkRows);
     for (int64_t n = n0; n + 8 <= n1; n += 8) {
       int64_t t = c;
-      for (; t + 6 <= c1; t += 6) many_avx2<F, 6>(w, x, n, t, y);
+#if IGNIS_QGEMM_VNNI
+#define IGNIS_MANY many_vnni
+#else
+#define IGNIS_MANY many_avx2
+#endif
+      for (; t + 6 <= c1; t += 6) IGNIS_MANY<F, 6>(w, x, n, t, y);
       switch (c1 - t) {
-        case 5: many_avx2<F, 5>(w, x, n, t, y); break;
-        case 4: many_avx2<F, 4>(w, x, n, t, y); break;
-        case 3: many_avx2<F, 3>(w, x, n, t, y); break;
-        case 2: many_avx2<F, 2>(w, x, n, t, y); break;
-        case 1: many_avx2<F, 1>(w, x, n, t, y); break;
+        case 5: IGNIS_MANY<F, 5>(w, x, n, t, y); break;
+        case 4: IGNIS_MANY<F, 4>(w, x, n, t, y); break;
+        case 3: IGNIS_MANY<F, 3>(w, x, n, t, y); break;
+        case 2: IGNIS_MANY<F, 2>(w, x, n, t, y); break;
+        case 1: IGNIS_MANY<F, 1>(w, x, n, t, y); break;
       }
+#undef IGNIS_MANY
     }
   }
 }

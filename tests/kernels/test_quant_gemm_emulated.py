@@ -57,18 +57,19 @@ def test_bodies_match_the_formats(build: str) -> None:
     lines = _run(build)
     assert sum(ln.startswith("ok format 40 ") for ln in lines) == 72  # every mxfp4 case ran
     # and the K types' scales (Q4_K / Q5_K), each equal bit for bit to the pairs they stand for
-    assert sum(ln.startswith(("ok format 4k ", "ok format 5k ")) for ln in lines) == 2 * 6 * 2 * 6
-    assert sum(ln.startswith("ok format 6 ") for ln in lines) == 6 * 2 * 6  # Q6_K's blocks
+    assert sum(ln.startswith(("ok format 4k ", "ok format 5k ")) for ln in lines) == 2 * 6 * 2 * 6 + 6 * 2
+    assert sum(ln.startswith("ok format 6 ") for ln in lines) == 6 * 2 * 7  # Q6_K's blocks (20 rows too)
 
 
 def test_avx2_and_vnni_byte_bodies_agree_bit_for_bit() -> None:
-    """The VNNI byte body is the AVX2 one's arithmetic (vpdpbusd for vpmaddubsw + vpmaddwd):
-    the same outputs, bit for bit, in every case of every nibble format and of Q6_K."""
+    """The VNNI byte bodies are the AVX2 ones' arithmetic (vpdpbusd for vpmaddubsw + vpmaddwd):
+    the same outputs, bit for bit, in every case of every nibble format and of Q6_K, the
+    many-row bodies' (quant_gemm_many.h) included."""
 
     def outputs(build: str) -> list[str]:
         nibbles = ("ok format 4 ", "ok format 4k ", "ok format 5 ", "ok format 5k ", "ok format 6 ", "ok format 40 ")
         return [ln.split(": ")[0] + ln.split(",")[-1] for ln in _run(build) if ln.startswith(nibbles)]
 
     vnni = outputs("avx512-vnni")
-    assert len(vnni) == 72 + 2 * 72 + 2 * 6 * 2 * 6 + 6 * 2 * 6
-    assert vnni == outputs("avx2")
+    assert len(vnni) == 72 + 2 * 72 + 2 * 6 * 2 * 6 + 6 * 2 + 6 * 2 * 7
+    assert vnni == outputs("avx2")  # the many-row bodies' 20-row steps too
