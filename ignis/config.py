@@ -36,7 +36,7 @@ class DType(str, Enum):
 
 
 class WeightForm(str, Enum):
-    auto = "auto"  # CPU + GGUF: quantized for max_num_seqs <= 4, else mixed; elsewhere float32
+    auto = "auto"  # CPU + GGUF: quantized for max_num_seqs <= 4, else mixed where it fits; elsewhere float32
     float32 = "float32"  # dequantize every weight (model.dtype decides on CUDA)
     bfloat16 = "bfloat16"  # CPU: oneDNN-packed bf16 GEMMs, bf16 activations
     quantized = "quantized"  # CPU: the GGUF's 4-bit blocks as int4 GEMMs, other types int8
@@ -102,7 +102,8 @@ class ModelSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     # How GGUF weights are held on the CPU (ignis/model/packed.py); auto keeps the file's
-    # quantization for a one-user engine (engine.max_num_seqs <= 4), bf16 when it batches.
+    # quantization for a one-user engine (engine.max_num_seqs <= 4), bf16 copies beside it
+    # when it batches and they fit in memory.
     weight_form: WeightForm = WeightForm.auto
     # Set by the group files of models ignis does not ship (gguf, hf, gpt-oss): there a
     # missing model.path is an error, not the embedded model served under the group's name.

@@ -220,12 +220,14 @@ def _load_gguf(
     from ignis.model.gguf_loader import config_from_gguf, gguf_family, iter_gguf_weights
     from ignis.model.packed import load_packed_gguf
     from ignis.model.tokenizer import Tokenizer
-    from ignis.model.weight_plan import plan_weights
+    from ignis.model.weight_plan import mixed_copy_bytes, plan_weights
 
     reader = gguf.GGUFReader(path)
     fam = gguf_family(reader)
     config = config_from_gguf(reader)
-    plan = plan_weights(weight_form, kind="gguf", device=device, max_num_seqs=max_num_seqs)
+    matrices = [(t.tensor_type.name, int(t.n_elements)) for t in reader.tensors if len(t.shape) == 2]
+    plan = plan_weights(weight_form, kind="gguf", device=device, max_num_seqs=max_num_seqs, file_bytes=path.stat().st_size,
+                        copy_bytes=mixed_copy_bytes(matrices) if device.type == "cpu" else 0)
     form = plan.form
     log.info("weight form %s: %s", form, plan.why)
     _log_tensor_types(reader)

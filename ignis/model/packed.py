@@ -25,9 +25,9 @@ Steps of WIDEN_ROWS rows or more (prefill chunks) through a narrow op widen its 
 for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster there, no
 copy kept. Where the native op has a many-row body for the op's blocks (`many`: Q4_K and
 Q6_K on AVX2 CPUs and AVX-512 ones with VNNI; ignis_kernels/cpu/quant_gemm_many.h, 8-bit
-activations per 256 as llama.cpp's) steps from its rows on go through it; where it beats the
-wide GEMM too (weight_plan.many_serves_every_step: no bf16 GEMM) every step does, and `mixed`
-keeps no copy of it. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
+activations per 256 as llama.cpp's) every step of its rows or more goes through it instead,
+and where it beats a kept wide copy too (weight_plan.many_replaces_copy: no bf16 GEMM)
+`mixed` keeps no copy of it. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
 fp32 at decode sizes): each op casts its input to what its kernel takes. The LM head is
 ignis/model/lm_head.py's.
 The embedding table keeps the file's form (Q8_0: int8 values with their block scales;
@@ -77,7 +77,7 @@ from ignis.model.layers import Experts, Linear
 from ignis.model.mxfp4 import E2M1
 from ignis.model.lm_head import NARROW_ROWS, Int8DynamicHead, RefinedHead, int8_dynamic_head
 from ignis.model.transformer import Transformer
-from ignis.model.weight_plan import WeightPlan, many_serves_every_step
+from ignis.model.weight_plan import WeightPlan, many_replaces_copy
 from ignis_kernels import cpu_native, cpu_platform
 
 log = logging.getLogger(__name__)
@@ -111,16 +111,16 @@ class PackedLinear:
     nbytes = 0
     bias: torch.Tensor | None = None
     in_features = 0
-    # Whether the native op multiplies steps of many rows by this weight's own values
-    # (quant_gemm_many.h: Q4_K and Q6_K on AVX2 and AVX-512 VNNI CPUs); where that beats a
-    # dense GEMM over a widened or kept copy (every_step) no copy is made, for prefill chunks
-    # or batches.
+    # Whether the native op multiplies steps of many rows, prefill chunks included, by this
+    # weight's own values (quant_gemm_many.h: Q4_K and Q6_K on AVX2 and AVX-512 VNNI CPUs),
+    # faster than a dense GEMM over the weight widened for the step.
     many = False
 
     @property
-    def every_step(self) -> bool:
-        """Whether the many-row body also takes prefill chunks and wide steps (weight_plan.many_serves_every_step)."""
-        return self.many and many_serves_every_step()
+    def replaces_copy(self) -> bool:
+        """Whether the many-row body also beats a kept wide copy (weight_plan.many_replaces_copy):
+        then `mixed` keeps none."""
+        return self.many and many_replaces_copy()
 
     @property
     def exact_rows(self) -> int | None:
@@ -297,7 +297,7 @@ class Int4Linear(PackedLinear):
         self.many = self.native and self.scales.sm is not None and self.in_features % 256 == 0 and cpu_native.many_rows() > 0
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS and not self.every_step:
+        if x.shape[0] >= WIDEN_ROWS and not self.many:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
         if self.packed is None:
             return self.scales.gemm(x, self.nibbles, None, 4)
@@ -376,7 +376,7 @@ class Q6Linear(PackedLinear):
         self.many = cpu_native.many_rows() > 0
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS and not self.every_step:
+        if x.shape[0] >= WIDEN_ROWS and not self.many:
             return _widened_mm(x, self.nibbles.shape[0], self.widen, self.widen_to)
         return torch.ops.ignis_cpu.quant_gemm(x.contiguous(), self.nibbles, self.high_bits, self.sixteens, 6, self.supers)
 
@@ -423,7 +423,7 @@ class StackedLinear(PackedLinear):
         self.many = all(op.many for op in ops)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= WIDEN_ROWS and not self.every_step:
+        if x.shape[0] >= WIDEN_ROWS and not self.many:
             return _widened_mm(x, sum(self.rows), self.widen, self.widen_to)
         return torch.cat([op._mm(x) for op in self.ops], dim=1)
 
@@ -777,7 +777,7 @@ def _build_linear(parts: list[_Raw], bias: torch.Tensor | None, plan: WeightPlan
     else int8 requantized per row (float types: 1 byte, not the file's values)."""
     if plan.form == "mixed":
         narrow = _build_linear(parts, None, replace(plan, form="quantized"))
-        if narrow.every_step:  # its own GEMM is the fast one at every row count: no copy
+        if narrow.replaces_copy:  # its own GEMM is the fast one at every row count: no copy
             narrow.bias = bias
             return narrow
         return MixedLinear(narrow, wide_linear(_dense(parts), plan.wide), bias)
@@ -1055,8 +1055,8 @@ def _set_tables(
     table of the head's own (the file's form again: Q8_0 stays 1 byte per weight). The
     narrow GEMM is the q8 form over that Q8_0 table itself, or the q6 one over a Q6_K table
     (Q6Table), where the table is too large for the caches (no second copy), else int8 with
-    dynamic-quantized activations. A q6 table whose many-row body serves every step does so
-    for every row count (no wide copy: 525 MB for Llama-3.2-1B's fp16 one)."""
+    dynamic-quantized activations. A q6 table whose many-row body beats a wide copy serves
+    every row count (no wide copy: 525 MB for Llama-3.2-1B's fp16 one)."""
     model.embed_op = _table(embed, dtype)
     rows = model.embed_op if head is None else _table(head, dtype)
     few_rows_only = max_num_seqs is not None and max_num_seqs <= NARROW_ROWS
@@ -1070,7 +1070,7 @@ def _set_tables(
         head_w = torch.from_numpy((head or embed).dense())
         narrow = int8_dynamic_head(head_w, full_range=plan.head_full_range)
     wide = None
-    if narrow is None or not (few_rows_only or getattr(narrow, "every_step", False)):
+    if narrow is None or not (few_rows_only or getattr(narrow, "replaces_copy", False)):
         wide = wide_linear(head_w if head_w is not None else torch.from_numpy((head or embed).dense()), plan.wide)
     model.head_op = RefinedHead(rows, wide=wide, narrow=narrow)
     del head_w

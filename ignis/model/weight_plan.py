@@ -11,15 +11,15 @@ The forms (`model.weight_form`, built by ignis/model/packed.py):
   quantized  the file's quantization: 4-, 5- and 8-bit blocks exactly through the native
              op's GEMMs (`int4`: ignis_kernels/cpu/quant_gemm.h; without the op 4-bit blocks go
              through torch's int4 GEMM) or requantized to torch's int8 one, other types int8. Steps of WIDEN_ROWS rows or more (prefill chunks) widen each weight
-             to `widen_to` for the step (bf16 for oneDNN's bf16 GEMM where it runs, else fp32).
+             to `widen_to` for the step (bf16 for oneDNN's bf16 GEMM where it runs, else fp32),
+             but for weights with a many-row body (below), which take it.
   mixed      the quantized GEMMs for steps of up to NARROW_ROWS rows beside a kept `wide`
              copy for wider ones: bf16 where oneDNN has it, else fbgemm's fp16 (fp16
              weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
              A weight whose native GEMM has a many-row body (Q4_K, Q6_K on AVX2 CPUs and
              AVX-512 ones with VNNI: ignis_kernels.cpu_native.many_rows, 8-bit activations
              from 16 rows on) keeps no copy where that body beats the wide GEMM at every row
-             count (many_serves_every_step: no bf16 GEMM here); where oneDNN's bf16 runs it
-             only takes the quantized form's steps below WIDEN_ROWS.
+             count (many_replaces_copy: no bf16 GEMM here).
 The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and for few rows
 int8 with dynamic-quantized activations (at 7 bits where the CPU lacks VNNI), or a large
 Q8_0 table's own GEMM (packed.py's Q8Linear).
@@ -33,7 +33,9 @@ requantized int8 weights cost ~0.7% perplexity there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -61,13 +63,13 @@ class WeightPlan:
     why: str = ""
 
 
-def many_serves_every_step(p: CpuPlatform | None = None) -> bool:
-    """Whether the native op's many-row body (Q4_K, Q6_K) also takes prefill chunks and the
-    mixed form's wide steps, so that no wide copy is made: where the wide GEMM is not oneDNN's
-    bf16 (AVX2: 1.7-2x fbgemm's fp16 over a kept copy at 64 rows, 2-4x the weight widened to
-    fp32 for a prefill chunk). With bf16 (AVX-512 VNNI CPUs) a kept or widened bf16 copy
-    measured 1.2-1.8x faster from 64 rows on a Zen 4, so the body serves only the quantized
-    form's steps below WIDEN_ROWS there, in place of the 14-bit one."""
+def many_replaces_copy(p: CpuPlatform | None = None) -> bool:
+    """Whether the native op's many-row body (Q4_K, Q6_K) is faster at every row count than
+    a kept wide copy, so that `mixed` keeps none of those weights: where the wide GEMM is not
+    oneDNN's bf16 (AVX2: 1.7-2x fbgemm's fp16 over a kept copy at 64 rows). A kept bf16 copy
+    (AVX-512 VNNI CPUs) measured 1.2-1.8x faster from 64 rows on a Zen 4, so `mixed` keeps its
+    copies there; the quantized form's steps of many rows, prefill chunks included, take the
+    body either way (faster than widening the weight for the step: 2.5x at 512 rows there)."""
     return cpu_native.many_rows() > 0 and not (p or cpu_platform.current()).has_gemm("bf16")
 
 
@@ -82,15 +84,44 @@ def _tier(p: CpuPlatform) -> str:
     return p.level + (f" (capped from {p.host_level})" if p.level != p.host_level else "")
 
 
+# `auto` keeps `mixed`'s wide copies only while the file and they take at most this share of
+# the memory available at load (the KV cache, activations and the rest need the remainder).
+MIXED_MEMORY_SHARE = 0.85
+_WIDE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def mixed_copy_bytes(matrices: Iterable[tuple[str, int]], p: CpuPlatform | None = None) -> int:
+    """What `mixed`'s kept wide copies of `matrices` ((GGUF type name, elements) of every
+    matrix but the experts') would take here: none of Q4_K / Q6_K where their many-row body
+    replaces a copy (many_replaces_copy)."""
+    p = p or cpu_platform.current()
+    skip = {"Q4_K", "Q6_K"} if many_replaces_copy(p) else set()
+    return sum(n for t, n in matrices if t not in skip) * _WIDE_BYTES[wide_kind(p)]
+
+
 def plan_weights(
     form: str, *, kind: str, device: torch.device, max_num_seqs: int | None, platform: CpuPlatform | None = None,
-    native: bool | None = None,
+    native: bool | None = None, file_bytes: int = 0, copy_bytes: int = 0, memory: int | None = None,
 ) -> WeightPlan:
     """model.weight_form -> what to build. `auto`: a GGUF on the CPU keeps its quantization for
     a one-user engine (max_num_seqs <= ONE_USER_MAX_SEQS) and is `mixed` otherwise; HF
     checkpoints and CUDA keep float32. An explicit form this machine cannot run raises
     UnsupportedWeightForm naming what is missing. `native`: whether the native op (and its
-    int4 GEMM) is built here; None asks ignis_kernels.cpu_native (building it once if needed)."""
+    int4 GEMM) is built here; None asks ignis_kernels.cpu_native (building it once if needed).
+    `auto` takes `quantized` over `mixed` too where the file's `file_bytes` and mixed's
+    `copy_bytes` (mixed_copy_bytes) would exceed MIXED_MEMORY_SHARE of `memory` (the bytes
+    available; None: available_memory())."""
     if form not in WEIGHT_FORMS:
         raise ValueError(f"unknown weight form {form!r}; expected one of {WEIGHT_FORMS}")
     if device.type != "cpu":
@@ -106,6 +137,11 @@ def plan_weights(
             return WeightPlan("float32", why=f"no int8 weight-only GEMM in this torch build (tier {_tier(p)})")
         form = "quantized" if (max_num_seqs or 64) <= ONE_USER_MAX_SEQS else "mixed"
         reason = f"max_num_seqs {'<=' if form == 'quantized' else '>'} {ONE_USER_MAX_SEQS}"
+        memory = available_memory() if memory is None else memory
+        if form == "mixed" and copy_bytes and memory and file_bytes + copy_bytes > MIXED_MEMORY_SHARE * memory:
+            form = "quantized"
+            reason += (f", but mixed's wide copies ({copy_bytes / 1e9:.1f} GB beside the file's {file_bytes / 1e9:.1f}) "
+                       f"would not fit in {MIXED_MEMORY_SHARE:.0%} of the {memory / 1e9:.1f} GB available")
     else:
         reason = "asked for"
     if form != "float32" and kind != "gguf":
@@ -140,7 +176,7 @@ def plan_weights(
     if form == "quantized":
         parts.append(f"steps of many rows widened to {widen_to}")
     if form in ("mixed", "bfloat16"):
-        many = form == "mixed" and native and many_serves_every_step(p)
+        many = form == "mixed" and native and many_replaces_copy(p)
         parts.append(f"wide steps through a kept {wide} copy" + (" (none of Q4_K / Q6_K: their many-row GEMM)" if many else ""))
     parts.append(f"head {wide}" + (f" + int8 dynamic ({'8' if plan.head_full_range else '7'}-bit activations)"
                                    if head_int8 else ""))

@@ -191,16 +191,16 @@ def test_a_q4_k_m_file_decodes_natively_in_its_own_blocks(tmp_path: Path) -> Non
 
 def test_a_mixed_form_keeps_copies_only_where_the_narrow_gemm_has_no_many_row_body(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`mixed` on a CPU whose many-row body serves every step (weight_plan.many_serves_every_step:
+    """`mixed` on a CPU whose many-row body beats a kept copy (weight_plan.many_replaces_copy:
     AVX2): a Q4_K_M file whose o_proj is Q8_0 keeps a wide copy of o_proj alone; the native
     step takes the copy there and the blocks' own GEMMs elsewhere, at one row and at more than
     the many-row body's."""
     import experiments.synthetic_gguf as synthetic
     from ignis.model.packed import MixedLinear
-    from ignis.model.weight_plan import many_serves_every_step
+    from ignis.model.weight_plan import many_replaces_copy
 
-    if not PLAN.int4 or not many_serves_every_step():
-        pytest.skip("no many-row body serving every step on this CPU")
+    if not PLAN.int4 or not many_replaces_copy():
+        pytest.skip("no many-row body that beats a kept copy on this CPU")
     real = synthetic.tensors
     monkeypatch.setattr(synthetic, "tensors", lambda shape, qtype: [
         (n, dims, "Q8_0" if n.endswith("attn_output.weight") else t) for n, dims, t in real(shape, qtype)])

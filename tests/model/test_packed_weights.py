@@ -31,7 +31,7 @@ from ignis.model.packed import (
     Q8Linear,
     wide_linear,
 )
-from ignis.model.weight_plan import UnsupportedWeightForm, plan_weights, wide_kind
+from ignis.model.weight_plan import UnsupportedWeightForm, WeightPlan, plan_weights, wide_kind
 from ignis_kernels import cpu_native, cpu_platform
 from ignis_kernels.cpu_platform import CpuPlatform
 from tests.model.paged_utils import assert_gemm_close, flat_forward_logits, quant_gemm_rtol, rel_err
@@ -284,7 +284,6 @@ def test_block_types_pick_the_narrowest_exact_form() -> None:
     alone q6; beside others, a stack of each run's exact form (a Q4_K_M file's q|k|v with a
     Q6_K v). Q4_K / Q5_K alone keep their own scales."""
     from ignis.model.packed import _build_linear, _Raw
-    from ignis.model.weight_plan import WeightPlan
 
     rng = np.random.default_rng(9)
 
@@ -368,6 +367,31 @@ def test_plan_weights_per_machine() -> None:
         plan("quantized", ZEN5, kind="hf")
     with pytest.raises(ValueError, match="unknown weight form"):
         plan("int3", ZEN5)
+
+
+def test_auto_keeps_wide_copies_only_where_they_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auto` with many sequences takes `mixed` while the file and its wide copies fit in
+    MIXED_MEMORY_SHARE of the memory available, else `quantized` (an 8B Q4_K_M's bf16 copies,
+    16 GB beside its 4.9, on a 24 GB machine), saying why; an explicit form is kept as asked.
+    The copies skip Q4_K / Q6_K where their many-row body replaces them (AVX2)."""
+    from ignis.model import weight_plan
+
+    cpu = torch.device("cpu")
+    matrices = [("Q4_K", 7_000_000_000), ("Q6_K", 1_000_000_000), ("Q8_0", 100_000_000)]
+    copies = weight_plan.mixed_copy_bytes(matrices, ZEN5)
+    assert copies == 2 * 8_100_000_000
+
+    def auto(memory: int, form: str = "auto") -> WeightPlan:
+        return plan_weights(form, kind="gguf", device=cpu, max_num_seqs=64, platform=ZEN5, native=True,
+                            file_bytes=4_900_000_000, copy_bytes=copies, memory=memory)
+
+    assert auto(64 << 30).form == "mixed"
+    tight = auto(18 << 30)
+    assert tight.form == "quantized" and "would not fit" in tight.why and "16.2 GB" in tight.why
+    assert auto(18 << 30, "mixed").form == "mixed"
+    monkeypatch.setattr(weight_plan, "many_replaces_copy", lambda p=None: True)
+    assert weight_plan.mixed_copy_bytes(matrices, ZEN3) == 2 * 100_000_000  # fbgemm fp16, Q8_0's alone
+    assert weight_plan.available_memory() is None or weight_plan.available_memory() > 0
 
 
 @pytest.mark.parametrize(
@@ -527,8 +551,7 @@ def test_many_row_steps_multiply_8_bit_x_by_the_file_values(qtype: Q) -> None:
         else:
             op = Int4Linear(*decode_int4(raw, qtype, k), None, k_scales=decode_k_scales(raw, qtype, k))
         assert op.many
-        # 300: past WIDEN_ROWS, no widened copy either where the body serves every step (no bf16 GEMM)
-        for rows in (many, many + 3, 64) + ((300,) if op.every_step else ()):
+        for rows in (many, many + 3, 64, 300):  # 300: past WIDEN_ROWS, no widened copy either
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.linspace(0.1, 4, k)
             x[0, :256] = 0  # a super-block of zeros: d = 0
             x[1, 256:288] *= 1e-3  # a group of small values beside larger ones: scaled up by 2^shift
