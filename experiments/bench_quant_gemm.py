@@ -4,7 +4,7 @@
 
 Times y = x W^T through `torch.ops.ignis_cpu.quant_gemm` (ignis_kernels/cpu/quant_gemm.h) for the
 projections of a shape (experiments/synthetic_gguf.py's) in the forms a Q4_K_M or MXFP4 file
-loads as: Q4_K (int4 with the file's six-bit scales), Q5_K, Q6_K and MXFP4. Each call takes the
+loads as: Q4_K (int4 with the file's six-bit scales), Q5_K, Q6_K, Q8_0 and MXFP4. Each call takes the
 next of enough copies of the weight to fill 384 MB, so the weights come from memory as in a
 decode step. Prints microseconds per call (best of 5 batches) and the weight bytes read per
 second; --wide adds the kept bf16 / fp16 copy the `mixed` form holds where a format has no
@@ -62,8 +62,16 @@ def mxfp4(n: int, k: int, rng: np.random.Generator):
     return Mx4Linear(*decode_mxfp4_nibbles(raw.reshape(n, -1), k), None)
 
 
+def q8_0(n: int, k: int, rng: np.random.Generator):
+    from ignis.model.packed import Q8Linear
+
+    q = torch.from_numpy(rng.integers(-127, 128, (n, k), dtype=np.int8))
+    d = torch.from_numpy(np.abs(rng.normal(0, 1e-3, (n, k // 32))).astype(np.float16))
+    return Q8Linear(q, d, None)
+
+
 FORMS = {"q4_k": lambda n, k, rng: k_scaled(n, k, 4, rng), "q5_k": lambda n, k, rng: k_scaled(n, k, 5, rng),
-         "q6_k": q6_k, "mxfp4": mxfp4}
+         "q6_k": q6_k, "q8_0": q8_0, "mxfp4": mxfp4}
 
 
 def main() -> None:
