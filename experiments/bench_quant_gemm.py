@@ -74,6 +74,18 @@ FORMS = {"q4_k": lambda n, k, rng: k_scaled(n, k, 4, rng), "q5_k": lambda n, k, 
          "q6_k": q6_k, "q8_0": q8_0, "mxfp4": mxfp4}
 
 
+def cells(ops: list, k: int, row_counts: list[int]) -> str:
+    """One table row's cells: microseconds a call (GB/s of weights) at each row count, each call
+    taking the next of `ops` (copies of one weight) so that it comes from memory."""
+    out = []
+    for rows in row_counts:
+        x = torch.randn(rows, k)
+        turn = iter(range(1 << 62))
+        us = best_us(lambda: ops[next(turn) % len(ops)](x), max(len(ops), 64 // rows))
+        out.append(f"{us:.0f} ({ops[0].nbytes / us / 1e3:.1f})")
+    return " | ".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="llama-3.2-1b", choices=sorted(SHAPES))
@@ -102,26 +114,14 @@ def main() -> None:
         for name, (n, k) in gemms.items():
             first = FORMS[form](n, k, rng)
             ops = [first] + [FORMS[form](n, k, rng) for _ in range(max(1, POOL // first.nbytes) - 1)]
-            cells = []
-            for rows in args.rows:
-                x = torch.randn(rows, k)
-                turn = iter(range(1 << 62))
-                us = best_us(lambda: ops[next(turn) % len(ops)](x), max(len(ops), 64 // rows))
-                cells.append(f"{us:.0f} ({first.nbytes / us / 1e3:.1f})")
-            print(f"| {form} | {name} {n}x{k} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {form} | {name} {n}x{k} | " + cells(ops, k, args.rows) + " |", flush=True)
             if args.wide:
                 kind = wide_kind(cpu_platform.current())
                 dense = first.widen(0, n, torch.float32)
                 wide = [wide_linear(dense, kind)]
                 wide += [wide_linear(dense.clone(), kind) for _ in range(max(1, POOL // wide[0].nbytes) - 1)]
                 del ops
-                cells = []
-                for rows in args.rows:
-                    x = torch.randn(rows, k)
-                    turn = iter(range(1 << 62))
-                    us = best_us(lambda: wide[next(turn) % len(wide)](x), max(len(wide), 64 // rows))
-                    cells.append(f"{us:.0f} ({wide[0].nbytes / us / 1e3:.1f})")
-                print(f"| {kind} copy | {name} {n}x{k} | " + " | ".join(cells) + " |", flush=True)
+                print(f"| {kind} copy | {name} {n}x{k} | " + cells(wide, k, args.rows) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -174,7 +174,8 @@ def plan_weights(
             parts.append("4-bit blocks requantized to int8 GEMMs (no native op; torch's int4 GEMM is slower "
                          "than its int8 one below avx512)")
     if form == "quantized":
-        parts.append(f"steps of many rows widened to {widen_to}")
+        parts.append(f"steps of many rows widened to {widen_to}"
+                     + (" (but Q4_K / Q6_K: their many-row GEMM)" if native and cpu_native.many_rows() > 0 else ""))
     if form in ("mixed", "bfloat16"):
         many = form == "mixed" and native and many_replaces_copy(p)
         parts.append(f"wide steps through a kept {wide} copy" + (" (none of Q4_K / Q6_K: their many-row GEMM)" if many else ""))

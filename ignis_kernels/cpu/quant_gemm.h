@@ -710,6 +710,17 @@ inline void nibbles_avx2(const Weights& w, const Split& x, int64_t n0, int64_t t
 // NB = 4 or 8.
 constexpr int64_t kPrefetch = 2048;  // bytes ahead in a block's stream of nibbles
 
+// kQ6's high two bits into bits 4-5 of four rows' low and high nibbles (a register quarter a
+// row): hb is the first row's eight bytes for the group, the other three rows' following;
+// each row's bytes go to both 64-bit lanes of its quarter, shifted to the elements they hold.
+inline void q6_high_bits_512(const uint8_t* hb, __m512i& lo, __m512i& hi) {
+  const __m512i bits45 = _mm512_set1_epi8(0x30);
+  const __m512i t = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3),
+                                             _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hb))));
+  lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_srlv_epi64(t, _mm512_setr_epi64(0, 2, 0, 2, 0, 2, 0, 2)), bits45));
+  hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_sllv_epi64(t, _mm512_setr_epi64(4, 2, 4, 2, 4, 2, 4, 2)), bits45));
+}
+
 // KS: kQ4/kQ5 with the K types' scales (Weights::sm). Rows n0 .. n0 + NB lie in one block of
 // eight (Weights::unit), so group g's units are u0 + 8 g (+ 4 for the second four rows) and a
 // super-block j's v0 + 8 j: every address steps by a constant, and each group's scales come
@@ -722,7 +733,7 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
   constexpr int C = NB / 4;
   const int64_t G = x.G, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
   const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i nib = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i nib = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
   // lane -> its row (a quarter each), and its row's entry in pairs laid row by row
   const __m512i row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i first = _mm512_add_epi32(row, row), four = _mm512_set1_epi32(4), eight = _mm512_set1_epi32(8);
@@ -790,12 +801,8 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
                                                _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
         lo = _mm512_mask_add_epi8(lo, __mmask64(_mm_cvtsi128_si64(words)), lo, sixteen);
         hi = _mm512_mask_add_epi8(hi, __mmask64(_mm_extract_epi64(words, 1)), hi, sixteen);
-      } else if constexpr (F == kQ6) {  // each row's eight high-bit bytes in both 64-bit lanes of its quarter
-        const __m512i t = _mm512_permutexvar_epi64(
-            _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3),
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.hb + 8 * (u + 4 * c)))));
-        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_srlv_epi64(t, _mm512_setr_epi64(0, 2, 0, 2, 0, 2, 0, 2)), bits45));
-        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_sllv_epi64(t, _mm512_setr_epi64(4, 2, 4, 2, 4, 2, 4, 2)), bits45));
+      } else if constexpr (F == kQ6) {
+        q6_high_bits_512(w.hb + 8 * (u + 4 * c), lo, hi);
       }
       for (int t = 0; t < TB; ++t) {
         const int64_t tg = (t0 + t) * G + g;

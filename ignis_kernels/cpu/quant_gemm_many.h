@@ -107,15 +107,16 @@ struct Split8 {
   }
 };
 
-// Q4_K's offsets for a block of eight weight rows from n0 (row r in lane r) against TB rows
-// of x from t0: sum over super-blocks of -dmin * x's d * sum m * sum q, the products exact in
+// Q4_K's offsets for a block of eight weight rows from n0 against TB rows of x from t0, into
+// offsets[t][r]: sum over super-blocks of -dmin * x's d * sum m * sum q, the products exact in
 // fp32 (m < 64, |sum q| <= 32 * 127: under 2^21 summed over a super-block's eight groups).
 template <int TB>
-inline void many_offsets(const Weights& w, const Split8& x, int64_t n0, int64_t t0, __m256 (&out)[TB]) {
+inline void many_offsets(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float (&offsets)[TB][8]) {
   const int64_t G = x.G, S = x.S;
   const uint8_t* pairs = w.sm + 2 * w.unit(n0, 0);  // group g's eight (sc, m) at pairs + 16 g
   const float* supers = w.ds + 2 * w.super(n0, 0);  // super-block j's eight (d, -dmin) at supers + 16 j
   const __m128i m_of = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -128, -128, -128, -128, -128, -128, -128, -128);
+  __m256 out[TB];
   for (int t = 0; t < TB; ++t) out[t] = _mm256_setzero_ps();
   for (int64_t j = 0; j < S; ++j) {
     __m256 acc[TB];
@@ -131,6 +132,7 @@ inline void many_offsets(const Weights& w, const Split8& x, int64_t n0, int64_t 
     for (int t = 0; t < TB; ++t)
       out[t] = _mm256_fmadd_ps(acc[t], _mm256_mul_ps(dmin, _mm256_set1_ps(x.d[(t0 + t) * S + j])), out[t]);
   }
+  for (int t = 0; t < TB; ++t) _mm256_store_ps(offsets[t], out[t]);
 }
 
 // A block of eight weight rows from n0 (Weights::unit's layout) against TB rows of x from t0.
@@ -140,11 +142,7 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
   const __m256i nib = _mm256_set1_epi8(15);
   const auto wide = [](const void* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   alignas(32) float offsets[TB][8];  // kQ4: row r's offset term for row t of x
-  if constexpr (F == kQ4) {
-    __m256 o[TB];
-    many_offsets<TB>(w, x, n0, t0, o);
-    for (int t = 0; t < TB; ++t) _mm256_store_ps(offsets[t], o[t]);
-  }
+  if constexpr (F == kQ4) many_offsets<TB>(w, x, n0, t0, offsets);
   const int64_t u0 = w.unit(n0, 0), v0 = w.super(n0, 0);  // group g's units at u0 + 8 g; super-block j's at v0 + 8 j
   const int8_t* xq[TB];
   const int16_t* xb[TB];
@@ -214,16 +212,12 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
 template <Format F, int TB>
 inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
   const int64_t G = x.G, S = x.S, K = x.K, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
-  const __m512i nib = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30), low16 = _mm512_set1_epi32(0xFFFF);
+  const __m512i nib = _mm512_set1_epi8(15), low16 = _mm512_set1_epi32(0xFFFF);
   const __m512i row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i sixteens = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const auto x16 = [](const void* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   alignas(32) float offsets[TB][8];  // kQ4: row r's offset term for row t of x
-  if constexpr (F == kQ4) {
-    __m256 o[TB];
-    many_offsets<TB>(w, x, n0, t0, o);
-    for (int t = 0; t < TB; ++t) _mm256_store_ps(offsets[t], o[t]);
-  }
+  if constexpr (F == kQ4) many_offsets<TB>(w, x, n0, t0, offsets);
   __m512 f[2][TB];
   for (int c = 0; c < 2; ++c)
     for (int t = 0; t < TB; ++t) f[c][t] = _mm512_setzero_ps();
@@ -243,13 +237,7 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
                                     : _mm512_add_epi32(_mm512_add_epi32(row, row), _mm512_set1_epi32(8 * c));
         const __m512i b = _mm512_loadu_si512(w.q + 16 * (u + 4 * c));
         __m512i lo = _mm512_and_si512(b, nib), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
-        if constexpr (F == kQ6) {
-          const __m512i t = _mm512_permutexvar_epi64(
-              _mm512_setr_epi64(0, 0, 1, 1, 2, 2, 3, 3),
-              _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.hb + 8 * (u + 4 * c)))));
-          lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_srlv_epi64(t, _mm512_setr_epi64(0, 2, 0, 2, 0, 2, 0, 2)), bits45));
-          hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_sllv_epi64(t, _mm512_setr_epi64(4, 2, 4, 2, 4, 2, 4, 2)), bits45));
-        }
+        if constexpr (F == kQ6) q6_high_bits_512(w.hb + 8 * (u + 4 * c), lo, hi);
         for (int t = 0; t < TB; ++t) {
           const int8_t* xq = x.q.data() + (t0 + t) * K + 32 * g;
           const __m512i init = F == kQ6 ? x16(x.bias32.data() + ((t0 + t) * G + g) * 4) : _mm512_setzero_si512();
