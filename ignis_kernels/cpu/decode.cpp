@@ -388,7 +388,8 @@ void attend_unit(const float* q, const KV* kc, const KV* vc, const int32_t* tabl
 // go in tiles of 16, widened once into `tile` [kv_heads][16][D] fp32 while the next
 // tile is prefetched; per query head, 16 dot products are vector FMAs summed across
 // lanes together (sum_lanes16), exp is 16 lanes wide, and the output stays in registers
-// across a tile. ~17 GB/s on the same keys (experiments/RESULTS.md).
+// across a tile. ~17 GB/s on the same keys (experiments/RESULTS.md). As on AVX2 (below), the R
+// rows of a run share each widened tile, each row over its own [begin, end) of the keys.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {  // bf16 bits: widened exactly, as bf16_to_float
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -430,12 +431,13 @@ inline __m512 exp16(__m512 x) {
 }
 
 template <typename KV, int D>
-void attend_unit_avx512(const float* q, const KV* kc, const KV* vc, const int32_t* table, int64_t lo, int64_t hi,
-                        const AttnShape& a, float* scores, float* tile, float* out) {
+void attend_unit_avx512(const float* q, int64_t R, const int64_t* begin, const int64_t* end, const KV* kc,
+                        const KV* vc, const int32_t* table, int64_t lo, int64_t hi, const AttnShape& a, float* scores,
+                        float* tile, float* out) {
   static_assert(D % 16 == 0);
   constexpr int C = D / 16;
   constexpr int64_t P = kPartOut + D;
-  const int64_t G = a.heads / a.kv_heads, KVH = a.kv_heads, BS = a.block_size, n = hi - lo;
+  const int64_t G = a.heads / a.kv_heads, KVH = a.kv_heads, BS = a.block_size, H = a.heads, n = hi - lo;
   const int64_t width = KVH * D;  // one token's K (or V) row: every kv head
   const int64_t lines = (width * int64_t(sizeof(KV)) + 63) / 64;
   int64_t rows[kKeysPerUnit];
@@ -465,49 +467,64 @@ void attend_unit_avx512(const float* q, const KV* kc, const KV* vc, const int32_
     }
   };
   const __m512 scale = _mm512_set1_ps(a.scale);
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {  // scores [j0, j0 + 16): within the unit's 256
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {  // scores [j0, j0 + 16), the tile widened once for every row
     widen(kc, j0);
-    for (int64_t h = 0; h < a.heads; ++h) {
-      const float* t = tile + (h / G) * 16 * D;
-      __m512 qh[C], acc[16];
-      for (int c = 0; c < C; ++c) qh[c] = _mm512_loadu_ps(q + h * D + 16 * c);
-      for (int i = 0; i < 16; ++i) {
-        acc[i] = _mm512_mul_ps(qh[0], _mm512_loadu_ps(t + i * D));
-        for (int c = 1; c < C; ++c) acc[i] = _mm512_fmadd_ps(qh[c], _mm512_loadu_ps(t + i * D + 16 * c), acc[i]);
+    for (int64_t r = 0; r < R; ++r) {
+      if (j0 + 16 <= begin[r] || j0 >= end[r]) continue;
+      const float* qr = q + r * H * D;
+      float* sr = scores + r * H * kKeysPerUnit;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* t = tile + (h / G) * 16 * D;
+        __m512 qh[C], acc[16];
+        for (int c = 0; c < C; ++c) qh[c] = _mm512_loadu_ps(qr + h * D + 16 * c);
+        for (int i = 0; i < 16; ++i) {
+          acc[i] = _mm512_mul_ps(qh[0], _mm512_loadu_ps(t + i * D));
+          for (int c = 1; c < C; ++c) acc[i] = _mm512_fmadd_ps(qh[c], _mm512_loadu_ps(t + i * D + 16 * c), acc[i]);
+        }
+        _mm512_storeu_ps(sr + h * kKeysPerUnit + j0, _mm512_mul_ps(sum_lanes16(acc), scale));
       }
-      _mm512_storeu_ps(scores + h * kKeysPerUnit + j0, _mm512_mul_ps(sum_lanes16(acc), scale));
     }
   }
-  // The lanes of keys [j0, j0 + 16) that lie in the unit.
-  auto live = [n](int64_t j0) { return n - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j0)) - 1); };
-  for (int64_t h = 0; h < a.heads; ++h) {  // softmax numerators; lanes past n are left out
-    float* sh = scores + h * kKeysPerUnit;
-    __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vsum = _mm512_setzero_ps();
-    for (int64_t j0 = 0; j0 < n; j0 += 16) vmax = _mm512_mask_max_ps(vmax, live(j0), vmax, _mm512_loadu_ps(sh + j0));
-    const float m = _mm512_reduce_max_ps(vmax);
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + j0), _mm512_set1_ps(m)));
-      _mm512_storeu_ps(sh + j0, e);
-      vsum = _mm512_mask_add_ps(vsum, live(j0), vsum, e);
+  // The lanes of keys [j0, j0 + 16) in [b, e).
+  auto live = [](int64_t j0, int64_t b, int64_t e) {
+    const int64_t i0 = std::max<int64_t>(0, b - j0), i1 = std::min<int64_t>(16, e - j0);
+    return i1 <= i0 ? __mmask16(0) : __mmask16(((1u << i1) - 1) & ~((1u << i0) - 1));
+  };
+  for (int64_t r = 0; r < R; ++r) {  // softmax numerators; lanes outside [begin, end) are left out
+    const int64_t b = begin[r], e = end[r], first = b / 16 * 16;
+    for (int64_t h = 0; h < H; ++h) {
+      float* sh = scores + (r * H + h) * kKeysPerUnit;
+      float* oh = out + (r * H + h) * P;
+      __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vsum = _mm512_setzero_ps();
+      for (int64_t j0 = first; j0 < e; j0 += 16) vmax = _mm512_mask_max_ps(vmax, live(j0, b, e), vmax, _mm512_loadu_ps(sh + j0));
+      const float m = _mm512_reduce_max_ps(vmax);  // -inf where the row sees none of the unit's keys
+      for (int64_t j0 = first; j0 < e; j0 += 16) {
+        const __m512 x = exp16(_mm512_sub_ps(_mm512_loadu_ps(sh + j0), _mm512_set1_ps(m)));
+        _mm512_storeu_ps(sh + j0, x);
+        vsum = _mm512_mask_add_ps(vsum, live(j0, b, e), vsum, x);
+      }
+      oh[0] = m;
+      oh[1] = _mm512_reduce_add_ps(vsum);
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(oh + kPartOut + 16 * c, _mm512_setzero_ps());
     }
-    out[h * P] = m;
-    out[h * P + 1] = _mm512_reduce_add_ps(vsum);
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * P + kPartOut + 16 * c, _mm512_setzero_ps());
   }
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     widen(vc, j0);
-    const int64_t m = std::min<int64_t>(16, n - j0);
-    for (int64_t h = 0; h < a.heads; ++h) {
-      const float* t = tile + (h / G) * 16 * D;
-      float* oh = out + h * P + kPartOut;
-      const float* p = scores + h * kKeysPerUnit + j0;
-      __m512 acc[C];
-      for (int c = 0; c < C; ++c) acc[c] = _mm512_loadu_ps(oh + 16 * c);
-      for (int64_t i = 0; i < m; ++i) {
-        const __m512 pi = _mm512_set1_ps(p[i]);
-        for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(t + i * D + 16 * c), acc[c]);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i0 = std::max<int64_t>(0, begin[r] - j0), i1 = std::min<int64_t>(16, end[r] - j0);
+      if (i1 <= i0) continue;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* t = tile + (h / G) * 16 * D;
+        float* oh = out + (r * H + h) * P + kPartOut;
+        const float* p = scores + (r * H + h) * kKeysPerUnit + j0;
+        __m512 acc[C];
+        for (int c = 0; c < C; ++c) acc[c] = _mm512_loadu_ps(oh + 16 * c);
+        for (int64_t i = i0; i < i1; ++i) {
+          const __m512 pi = _mm512_set1_ps(p[i]);
+          for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(pi, _mm512_loadu_ps(t + i * D + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < C; ++c) _mm512_storeu_ps(oh + 16 * c, acc[c]);
       }
-      for (int c = 0; c < C; ++c) _mm512_storeu_ps(oh + 16 * c, acc[c]);
     }
   }
 }
@@ -667,8 +684,8 @@ void attend_unit_avx2(const float* q, int64_t R, const int64_t* begin, const int
 }
 #endif
 
-// A unit's part for R rows of a run through a body that takes one row (the portable and the
-// AVX-512 ones): each row over its own keys, or an empty part (max -inf, sum 0) if it sees none.
+// A unit's part for R rows of a run through a body that takes one row (the portable one):
+// each row over its own keys, or an empty part (max -inf, sum 0) if it sees none.
 template <typename KV, int DC, auto Unit>
 void attend_rows(const float* q, int64_t R, const int64_t* begin, const int64_t* end, const KV* kc, const KV* vc,
                  const int32_t* table, int64_t lo, int64_t hi, const AttnShape& a, float* scores, float* tile,
@@ -742,9 +759,9 @@ void attention(const float* q, const KV* kc, const KV* vc, const int32_t* tables
   at::Tensor part_buffer = at::empty({std::max<int64_t>(parts, 1)}, at::kFloat);  // 64-byte aligned
   float* part = part_buffer.data_ptr<float>();
 #if defined(__AVX512F__)
-  const auto unit = D == 64    ? attend_rows<KV, 64, attend_unit_avx512<KV, 64>>
-                    : D == 128 ? attend_rows<KV, 128, attend_unit_avx512<KV, 128>>
-                    : D == 256 ? attend_rows<KV, 256, attend_unit_avx512<KV, 256>>  // Gemma
+  const auto unit = D == 64    ? attend_unit_avx512<KV, 64>
+                    : D == 128 ? attend_unit_avx512<KV, 128>
+                    : D == 256 ? attend_unit_avx512<KV, 256>  // Gemma
                                : attend_rows<KV, 0, attend_unit<KV, 0>>;
   const int64_t scratch = 16 * a.kv_heads * D;  // the tile (or the portable unit's row)
 #elif defined(__AVX2__) && defined(__FMA__)

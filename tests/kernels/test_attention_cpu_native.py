@@ -129,6 +129,20 @@ def test_draft_rows_share_their_keys(window: int | None, dim: int, cache: str = 
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [16, 64])
+def test_a_draft_row_equals_itself_alone(dim: int) -> None:
+    """Speculation's exactness at the op: each row of a run gives the bits that row gives as a
+    lone decode row over the same blocks (the step without the draft)."""
+    seq_lens, drafts = [260, 700], [8, 5]
+    op, (q, k, v, bt, qsl, lens) = _drafted_case(seq_lens, drafts, dim=dim)
+    got = op(q, k, v, bt, qsl, lens, scale=0.3, sliding_window=None)
+    for r in range(q.shape[0]):
+        one = NativeCpuAttention(bt[r : r + 1], qsl[:2], lens[r : r + 1], num_decodes=1,
+                                 decode_max_seq_len=int(lens[r]), block_size=4)
+        alone = one(q[r : r + 1], k, v, bt[r : r + 1], qsl[:2], lens[r : r + 1], scale=0.3, sliding_window=None)
+        assert torch.equal(got[r : r + 1], alone), r
+
+
 def test_draft_rows_bf16_cache() -> None:
     test_draft_rows_share_their_keys(100, 64, cache="bfloat16")
 
