@@ -293,9 +293,9 @@ def test_long_block_fed_in_small_chunks_is_linear():
     import time
 
     s = '<tool_call>{"name": "w", "arguments": {"s": %s}}</tool_call>' % json.dumps("x" * 200_000)
-    t = time.perf_counter()
+    t = time.thread_time()  # CPU time: what a loaded machine's waits do not stretch
     out = run([s[i : i + 3] for i in range(0, len(s), 3)])
-    assert time.perf_counter() - t < 2.0
+    assert time.thread_time() - t < 2.0
     assert out == call("w", '{"s": %s}' % json.dumps("x" * 200_000))
 
 

@@ -350,11 +350,13 @@ def test_hot_path_is_cheap():
     stream = ResponseStream(request())
     stream.text("x")
     n = 20000
-    t0 = time.perf_counter()
+    # This thread's CPU time: the cost of the code, not how often a loaded machine (or another
+    # thread holding the GIL) left it waiting.
+    t0 = time.thread_time()
     for _ in range(n):
         for e in stream.text("tok"):
             dumps(e)
-    per = (time.perf_counter() - t0) / n
+    per = (time.thread_time() - t0) / n
     assert per < 50e-6, f"{per * 1e6:.1f} us per token event"
     assert len(stream.finish()[-1]["response"]["output"][0]["content"][0]["text"]) == 1 + 3 * n
 
