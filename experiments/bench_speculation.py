@@ -2,6 +2,7 @@
 sequence, greedy, in one run.
 
     .venv/bin/python experiments/bench_speculation.py [--gguf FILE] [--rounds 3] [--tokens 8] [--workloads edit,chat]
+        [--llamacpp ngram-simple,ngram-mod,ngram-map-k,ngram-cache]
 
 Two workloads, alternated round by round with speculation off and on (one engine each, the
 same loaded model):
@@ -17,6 +18,13 @@ first), so the time is the decode's. Reported: output tok/s off and on, their ra
 draft tokens checked and kept, and whether the outputs are the same token for token (they
 must be). --gguf times another file (a synthetic one of a real shape: its random weights copy
 nothing, so only the cost of checking drafts shows, not their gain).
+
+--llamacpp ngram-simple,ngram-mod,... adds llama.cpp on the same file and the same edit prompt
+(its token ids): llama-server (experiments/bench_vs_llamacpp.py's build) with each
+`--spec-type` at its defaults, and with none, greedy, 256 tokens, its own generation-only
+tok/s (timings.predicted_per_second) and draft counts. A fresh server per request: ngram-mod
+and ngram-cache learn from what a server generated before, and would be timed on an answer
+they had already seen.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8, help="engine.num_speculative_tokens")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", default="edit,grammar,chat", help="comma-separated: edit, grammar, chat")
+    ap.add_argument("--llamacpp", default="", metavar="TYPES",
+                    help="comma-separated llama-server --spec-type values to time on the edit (none is added)")
     args = ap.parse_args()
     import torch
 
@@ -107,6 +117,46 @@ def main() -> None:
               f"({kept / max(checked, 1):.0%}) | {'yes' if same else 'NO'} |")
     print(f"\n(medians of {args.rounds} rounds; {loaded.name}, weight_form {args.weight_form}, "
           f"num_speculative_tokens {args.tokens}, {args.threads} threads)")
+    if args.llamacpp:
+        from ignis.model.embedded import smollm2_gguf_path
+
+        gguf = args.gguf.resolve() if args.gguf else smollm2_gguf_path()
+        types = ["none"] + [t for t in args.llamacpp.split(",") if t != "none"]
+        theirs = llamacpp_edit(gguf, edit, 256, types, args.rounds, args.threads)
+        mine = statistics.median(rates[("edit", "on")]) if ("edit", "on") in rates else None
+        plain = statistics.median(theirs["none"][0])
+        print("\n| llama.cpp on the edit | tok/s | / its none | drafts checked | kept | ignis ngram / this |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for t in types:
+            rate, (checked, kept) = statistics.median(theirs[t][0]), theirs[t][1]
+            vs = f"{mine / rate:.2f}x" if mine else "-"
+            print(f"| --spec-type {t} | {rate:.1f} | {rate / plain:.2f}x | {checked} | {kept} "
+                  f"({kept / max(checked, 1):.0%}) | {vs} |")
+        print(f"\n(llama.cpp: medians of {args.rounds} fresh servers per type, generation-only tok/s; ignis's "
+              f"edit with speculation: {mine:.1f} tok/s)" if mine else "")
+
+
+def llamacpp_edit(gguf: Path, prompt: list[int], n: int, types: list[str], rounds: int,
+                  threads: int) -> dict[str, tuple[list[float], list[int]]]:
+    """Per --spec-type: llama-server's generation tok/s over `rounds` fresh servers, and the
+    draft tokens it checked and kept in all."""
+    from experiments.bench_vs_llamacpp import LlamaServer, build_llamacpp, post
+
+    build_llamacpp()
+    out: dict[str, tuple[list[float], list[int]]] = {t: ([], [0, 0]) for t in types}
+    for r in range(rounds):
+        for t in types:
+            server = LlamaServer(gguf, threads, extra=[] if t == "none" else ["--spec-type", t])
+            try:
+                timings = post(f"http://127.0.0.1:{server.port}/completion",
+                               {"prompt": prompt, "n_predict": n, "ignore_eos": True, "temperature": 0})["timings"]
+            finally:
+                server.stop()
+            out[t][0].append(float(timings["predicted_per_second"]))
+            out[t][1][0] += int(timings.get("draft_n", 0))
+            out[t][1][1] += int(timings.get("draft_n_accepted", 0))
+            print(f"round {r + 1} llama.cpp {t}: {timings['predicted_per_second']:.1f} tok/s", file=sys.stderr)
+    return out
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ and VNNI extension off); --cpu-caps sets IGNIS_CPU_CAPS for ignis (in this proce
 servers it starts), so the two run the same instruction tier. The table says which.
 
 Measured, alternating the two engines where it matters (a shared machine only slows):
-  decode, batch 1      llama-bench tg128                | ignis engine, 128 tokens, 1 sequence
+  decode, batch 1      llama-bench tg128, one repetition | ignis engine, 128 tokens, 1 sequence;
+                       --batch1-rounds alternated rounds (5), the medians and each round's ratio
   decode, N concurrent llama-batched-bench -npl N        | ignis engine, N sequences
   decode at depth      llama-bench -d D tg64: one        | ignis engine, one sequence after a
                        sequence after D tokens of context  D-token prompt, 64 tokens
@@ -49,11 +50,13 @@ import argparse
 import json
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tarfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,9 +124,9 @@ def post(url: str, body: dict, timeout: float = 900) -> dict:
         return json.loads(r.read())
 
 
-def llama_bench_tg(gguf: Path, threads: int) -> float:
+def llama_bench_tg(gguf: Path, threads: int, reps: int = 3) -> float:
     out = subprocess.run([str(BIN / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "128",
-                          "-r", "3", "-o", "json"], capture_output=True, text=True, check=True).stdout
+                          "-r", str(reps), "-o", "json"], capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
@@ -145,11 +148,11 @@ def llama_batched(gguf: Path, threads: int, npl: int, ntg: int) -> float:
 
 
 class LlamaServer:
-    def __init__(self, gguf: Path, threads: int, ctx: int = 8192, parallel: int = 1) -> None:
+    def __init__(self, gguf: Path, threads: int, ctx: int = 8192, parallel: int = 1, extra: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [str(BIN / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(ctx),
-             "-np", str(parallel), "--port", str(self.port), "--host", "127.0.0.1"],
+             "-np", str(parallel), "--port", str(self.port), "--host", "127.0.0.1", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 300
@@ -212,6 +215,24 @@ def ignis_decode(n: int, max_tokens: int, gguf: Path | None = None, weight_form:
     loaded = load_model(str(gguf) if gguf else None, progress=False, weight_form=weight_form, max_num_seqs=n)
     runs = [run_ignis(loaded, prompts_for(loaded, n), max_tokens) for _ in range(2)]
     return max(r.decode_tps for r in runs)
+
+
+def batch1_rounds(gguf: Path, threads: int, rounds: int, weight_form: str) -> list[tuple[float, float]]:
+    """(llama.cpp, ignis) batch-1 decode tok/s of 128 tokens, `rounds` times in alternation
+    (one llama-bench repetition, then one ignis run on the model loaded once): on a shared
+    machine a neighbour's load lands on both sides alike, and the rounds show the spread."""
+    from experiments.bench_engine import prompts_for, run_ignis
+    from ignis.model import load_model
+
+    loaded = load_model(str(gguf), progress=False, weight_form=weight_form, max_num_seqs=1)
+    prompts = prompts_for(loaded, 1)
+    out = []
+    for r in range(rounds):
+        theirs = llama_bench_tg(gguf, threads, reps=1)
+        mine = run_ignis(loaded, prompts, 128).decode_tps
+        log(f"batch 1, round {r + 1}: llama.cpp {theirs:.1f}, ignis {mine:.1f} tok/s ({mine / theirs:.2f}x)")
+        out.append((theirs, mine))
+    return out
 
 
 def ignis_decode_at_depth(loaded, depth: int, max_tokens: int = 64) -> float:
@@ -316,6 +337,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64, help="decode tokens per sequence at N > 1")
     ap.add_argument("--depths", type=int, nargs="*", default=[2048, 4096, 7936],
                     help="context lengths for batch-1 decode at depth (SmolLM2's context is 8192)")
+    ap.add_argument("--batch1-rounds", type=int, default=5,
+                    help="batch-1 decode: alternated rounds of llama-bench and ignis (medians reported)")
     ap.add_argument("--quick", action="store_true", help="batch-1 and 64-concurrent decode and RSS only")
     ap.add_argument("--png", type=Path, default=Path(__file__).with_name("vs_llamacpp.png"))
     ap.add_argument("--served-weight-form", default="quantized",
@@ -359,9 +382,14 @@ def main() -> None:
     prefill_lens = [] if args.quick else args.prefill
     rows: list[tuple[str, float | None, float | None, bool]] = []
     decode: dict[int, tuple[float, float]] = {}
+    rounds: list[tuple[float, float]] = []
     for n in conc:  # llama.cpp, then ignis, per concurrency
-        theirs = llama_bench_tg(gguf, args.threads) if n == 1 else llama_batched(gguf, args.threads, n, args.max_tokens)
-        mine = ignis_decode(n, 128 if n == 1 else args.max_tokens, args.gguf, args.weight_form)
+        if n == 1:  # medians of alternated rounds
+            rounds = batch1_rounds(gguf, args.threads, args.batch1_rounds, args.weight_form)
+            theirs, mine = statistics.median(t for t, _ in rounds), statistics.median(m for _, m in rounds)
+        else:
+            theirs = llama_batched(gguf, args.threads, n, args.max_tokens)
+            mine = ignis_decode(n, args.max_tokens, args.gguf, args.weight_form)
         decode[n] = (theirs, mine)
         log(f"decode {n}: llama.cpp {theirs:.1f}, ignis {mine:.1f} tok/s")
         rows.append((f"decode, {n} concurrent (tok/s)", theirs, mine, False))
@@ -423,6 +451,9 @@ def main() -> None:
     torch_mb = int(re.search(r"VmRSS:\s+(\d+)", torch_only).group(1)) / 1024
     print(table(rows))
     print(f"\n(`import torch` alone: {torch_mb:.0f} MB RSS; {args.threads} threads; one run)")
+    if rounds:
+        print("(batch 1, alternated rounds, ignis / llama.cpp: "
+              + ", ".join(f"{m / t:.2f}x ({m:.1f} / {t:.1f})" for t, m in rounds) + ")")
     print(f"file: {gguf.name}, {gguf.stat().st_size / 1e9:.2f} GB, {per_token / 1e9:.3f} GB of weights per token; "
           f"memory: copy {copy_bw:.1f} GB/s, read {read_bw:.1f} GB/s")
     print(f"ignis: {cpu_platform.current().describe()}")
