@@ -395,7 +395,11 @@ def test_reference_sinks_match_dense(seed, window, dtype):
     torch.testing.assert_close(out.double(), want, **tol, msg=lambda m: f"{m}\nseed={seed}")
     plain = paged_attention_ref(*batch.args(), scale=0.3, sliding_window=window)
     assert not torch.allclose(out.float(), plain.float(), atol=1e-2), "the sinks changed nothing"
-    assert out[:, -1].float().abs().max() < 0.05  # the head whose sink dwarfs its scores
+    # The head whose sink dwarfs its scores: each row is the plain row times Z / (Z + e^sink),
+    # so never larger, and small overall (an absolute bound failed on seed 384756417).
+    sunk, free = out[:, -1].float().abs(), plain[:, -1].float().abs()
+    assert (sunk <= free * 1.02 + 1e-3).all()
+    assert sunk.sum() < 0.25 * free.sum()
     # A sink far below every score is no sink: the same output as sinks=None (the old path).
     # fp32: the two paths round differently (SDPA vs scores by hand): seed 97949332 differed
     # by 1.9e-6, so the oracle's 1e-5, not 1e-6; bf16: an output ulp.
