@@ -35,7 +35,6 @@ from experiments.bench_vs_llamacpp import (
     build_llamacpp,
     llama_batched,
     llama_bench_tg,
-    post,
     rss_mb,
 )
 from experiments.gemma3_vs_llamacpp import gemma_file
@@ -50,7 +49,7 @@ def llama_bench_pp(gguf: Path, threads: int, n: int) -> float:
 def llama_rss(gguf: Path, threads: int) -> float:
     server = LlamaServer(gguf, threads, ctx=4096, parallel=1)
     try:
-        post(f"http://127.0.0.1:{server.port}/completion", {"prompt": "Once upon a time", "n_predict": 16})
+        server.completion({"prompt": "Once upon a time", "n_predict": 16})
         return rss_mb(server.proc.pid)
     finally:
         server.stop()

@@ -140,7 +140,7 @@ def llamacpp_edit(gguf: Path, prompt: list[int], n: int, types: list[str], round
                   threads: int) -> dict[str, tuple[list[float], list[int]]]:
     """Per --spec-type: llama-server's generation tok/s over `rounds` fresh servers, and the
     draft tokens it checked and kept in all."""
-    from experiments.bench_vs_llamacpp import LlamaServer, build_llamacpp, post
+    from experiments.bench_vs_llamacpp import LlamaServer, build_llamacpp
 
     build_llamacpp()
     out: dict[str, tuple[list[float], list[int]]] = {t: ([], [0, 0]) for t in types}
@@ -148,8 +148,8 @@ def llamacpp_edit(gguf: Path, prompt: list[int], n: int, types: list[str], round
         for t in types:
             server = LlamaServer(gguf, threads, extra=[] if t == "none" else ["--spec-type", t])
             try:
-                timings = post(f"http://127.0.0.1:{server.port}/completion",
-                               {"prompt": prompt, "n_predict": n, "ignore_eos": True, "temperature": 0})["timings"]
+                timings = server.completion({"prompt": prompt, "n_predict": n, "ignore_eos": True,
+                                             "temperature": 0})["timings"]
             finally:
                 server.stop()
             out[t][0].append(float(timings["predicted_per_second"]))

@@ -166,16 +166,17 @@ class LlamaServer:
         self.stop()
         raise RuntimeError("llama-server did not come up")
 
+    def completion(self, body: dict) -> dict:
+        """The server's /completion answer to `body` (its `timings` hold the speeds)."""
+        return post(f"http://127.0.0.1:{self.port}/completion", body)
+
     def prefill(self, prompt: str) -> tuple[int, float]:
-        r = post(f"http://127.0.0.1:{self.port}/completion",
-                 {"prompt": prompt, "n_predict": 1, "cache_prompt": False, "temperature": 0})
-        t = r["timings"]
+        t = self.completion({"prompt": prompt, "n_predict": 1, "cache_prompt": False, "temperature": 0})["timings"]
         return int(t["prompt_n"]), float(t["prompt_per_second"])
 
     def generate(self, prompt: str, max_tokens: int) -> int:
-        r = post(f"http://127.0.0.1:{self.port}/completion",
-                 {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "cache_prompt": False,
-                  "temperature": 0})
+        r = self.completion({"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True, "cache_prompt": False,
+                             "temperature": 0})
         return int(r["timings"]["predicted_n"])
 
     def stop(self) -> None:
