@@ -130,7 +130,10 @@ class EngineConfig:
     # A step's time budget: no more prefill tokens in one step than the measured cost per
     # token says fit in this many milliseconds (a long prompt's prefill cut into short
     # steps, so a request arriving meanwhile waits little; decode rows are never cut).
-    # null = the token budget alone.
+    # The chunks then follow the machine's speed, and other chunks round a prompt's cache
+    # differently (on the CPU a chunk of 256 rows or more multiplies bf16 weights), so where
+    # two tokens nearly tie a greedy request can end differently from run to run. null =
+    # the token budget alone: chunks of max_num_batched_tokens, the same on every run.
     step_time_budget_ms: float | None = 250.0
     # KV-cache size: an explicit block count wins; else kv_cache_gib of memory; else
     # auto (CUDA: 90% of the memory left after the weights; CPU: max_num_seqs sequences
