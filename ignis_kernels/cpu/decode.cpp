@@ -68,14 +68,15 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even, as torch's c
 }
 
 // exp(x) for x in [-87, 88]: Cephes' polynomial after a power-of-two range reduction,
-// ~1 ulp, and written so that loops over arrays vectorize (libm's expf does not). The floor
-// is a truncation stepped down where it rounded up: exactly std::floor's for |y| < 2^31, and
-// no call into libm (gcc inlines std::floor only without trapping math; the call kept every
-// loop over exp_approx scalar: SiLU over a 1B model's 8192 features, each layer).
+// ~1 ulp, and written so that loops over arrays vectorize (libm's expf does not; and with
+// -fno-trapping-math: cpu_native.FLAGS). The floor is a truncation stepped down where it
+// rounded up, exactly std::floor's for |y| < 2^31, with no call into libm (a call to floorf
+// kept every loop over exp_approx scalar: SiLU over a 1B model's 8192 features, each layer).
 inline float exp_approx(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
-  const float y = x * 1.44269504088896341f + 0.5f, t = float(int32_t(y));
-  const float n = t > y ? t - 1.0f : t;
+  const float y = x * 1.44269504088896341f + 0.5f;
+  const int32_t i = int32_t(y), k = i - int32_t(float(i) > y);  // floor(y)
+  const float n = float(k);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -84,7 +85,7 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>(uint32_t(int32_t(n) + 127) << 23);
+  return p * std::bit_cast<float>(uint32_t(k + 127) << 23);
 }
 
 // y = x * rsqrt(mean(x^2) + eps) * w over n floats (x and y may alias).
