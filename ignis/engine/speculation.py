@@ -21,8 +21,8 @@ masks come quickly draft (a slow one would hold the step for k masks). And only 
 decode (`max_seqs`): a wide batch already keeps the machine busy, and checking drafts there
 costs more rows than it saves steps.
 
-A draft's rows are not free (on the CPU a step of 9 rows costs ~2.5-3x one of 1: measured
-in experiments/RESULTS.md), so each sequence's draft length follows what it has kept: the
+A draft's rows are not free (on the CPU a step of 9 rows costs 3-5x one of 1, its GEMMs
+compute-bound and attention paid per row: experiments/RESULTS.md, 2026-12-05), so each sequence's draft length follows what it has kept: the
 next draft is one token longer than the last one's kept part, up to `num_tokens`, and after
 a draft kept nothing the sequence waits 1, 2, 4 ... (at most MAX_BACKOFF) steps before it
 drafts again (chat text, which seldom repeats itself, then drafts rarely; a file being
