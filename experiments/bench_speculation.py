@@ -17,8 +17,9 @@ Each timed request's prompt is in the prefix cache already (a warm-up request ru
 first), so the time is the decode's; both engines prefill in chunks of
 max_num_batched_tokens (no step-time budget), so their caches hold the same values.
 Reported: output tok/s off and on, their ratio, the draft tokens checked and kept, and
-whether the outputs are the same token for token (they must be). --gguf times another file (a synthetic one of a real shape: its random weights copy
-nothing, so only the cost of checking drafts shows, not their gain).
+whether the outputs are the same token for token (they must be). --gguf times another file
+(a synthetic one of a real shape: its random weights copy nothing, so only the cost of
+checking drafts shows, not their gain).
 
 --llamacpp ngram-simple,ngram-mod,... adds llama.cpp on the same file and the same edit prompt
 (its token ids): llama-server (experiments/bench_vs_llamacpp.py's build) with each

@@ -22,11 +22,11 @@ decode (`max_seqs`): a wide batch already keeps the machine busy, and checking d
 costs more rows than it saves steps.
 
 A draft's rows are not free (on the CPU a step of 9 rows costs 3-5x one of 1, its GEMMs
-compute-bound and attention paid per row: experiments/RESULTS.md, 2026-12-05), so each sequence's draft length follows what it has kept: the
-next draft is one token longer than the last one's kept part, up to `num_tokens`, and after
-a draft kept nothing the sequence waits 1, 2, 4 ... (at most MAX_BACKOFF) steps before it
-drafts again (chat text, which seldom repeats itself, then drafts rarely; a file being
-rewritten keeps long drafts).
+compute-bound and attention paid per row: experiments/RESULTS.md, 2026-12-05), so each
+sequence's draft length follows what it has kept: the next draft is one token longer than
+the last one's kept part, up to `num_tokens`, and after a draft kept nothing the sequence
+waits 1, 2, 4 ... (at most MAX_BACKOFF) steps before it drafts again (chat text, which
+seldom repeats itself, then drafts rarely; a file being rewritten keeps long drafts).
 
 A mixture of experts pays more for a draft row: each row routes to experts of its own, so a
 step of 1 + k rows reads up to k more experts' weights (on gpt-oss-20b's shape a failed draft

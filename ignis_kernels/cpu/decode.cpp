@@ -1107,6 +1107,7 @@ at::Tensor decode_layers(
     }
     at::Tensor out = at::zeros({T, H}, f32);
     float* op = out.data_ptr<float>();
+    std::vector<float> gate_up(2 * MI), down(H);  // one expert output row at a time
     for (int64_t e = 0; e < E; ++e) {
       const int64_t m = int64_t(rows[e].size());
       if (m == 0) continue;
@@ -1114,13 +1115,11 @@ at::Tensor decode_layers(
       for (int64_t r = 0; r < m; ++r)
         std::memcpy(xe.data_ptr<float>() + r * H, hp + rows[e][r].first * H, H * sizeof(float));
       const Rows g(gemm(xe, p0 + 2 * e, 2 * MI), bias_of(p0 + 2 * e));
-      std::vector<float> gate_up(2 * MI);
       for (int64_t r = 0; r < m; ++r) {
         g.row(r, gate_up.data());
         glu_row(glu, gate_up.data(), MI, ae.data_ptr<float>() + r * MI);
       }
       const Rows y(gemm(ae, p0 + 2 * e + 1, H), bias_of(p0 + 2 * e + 1));
-      std::vector<float> down(H);
       for (int64_t r = 0; r < m; ++r) {
         float* o = op + rows[e][r].first * H;
         const float w = rows[e][r].second;
