@@ -42,18 +42,22 @@ constexpr int many_shift(Format f) { return f == kQ6 ? 5 : 7; }
 // 127 / m), x = q * 2^-e * m / 127. A group of small values beside one of large ones keeps 8
 // bits of its own (one scale per 256 cost SmolLM2's down projections 0.3% perplexity), and
 // the 2^(shift - e) goes into the weights' integer scale (a shift of vpmaddwd's operand), so a
-// super-block still sums in int32: q [T, G, 32] (per group the 16 even elements, then the 16
-// odd ones: the nibbles' order), d [T, S] = m / 127 / 2^shift (the sums' unit), up [T, G]
-// = shift - e (the left shift), kQ4: each group's sum of q * 2^(shift - e), [T, G] (fp32:
-// exact); kQ6: 32 times each int16 lane's four q (elements 4j .. 4j + 3 of a group), [T, G, 8].
+// super-block still sums in int32. Per group, group-major (at(t, g): a group's rows of x side
+// by side, so a body's rows are constant offsets from one address, not a register each):
+// q [G, T, 32] (the 16 even elements, then the 16 odd ones: the nibbles' order), up [G, T]
+// = shift - e (the left shift), kQ4: sums [G, T], each group's sum of q * 2^(shift - e) (fp32:
+// exact); kQ6: bias [G, T, 8], 32 times each int16 lane's four q (elements 4j .. 4j + 3 of a
+// group). Per super-block: d [T, S] = m / 127 / 2^shift (the sums' unit).
 struct Split8 {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int64_t> up;
   std::vector<float> sums;  // kQ4
   std::vector<int16_t> bias;  // kQ6
-  std::vector<int32_t> bias32;  // kQ6 with VNNI: minus each int32 lane's bias (elements 8 j .. 8 j + 7), [T, G, 4]
+  std::vector<int32_t> bias32;  // kQ6 with VNNI: minus each int32 lane's bias (elements 8 j .. 8 j + 7), [G, T, 4]
   int64_t T, K, G, S;
+
+  int64_t at(int64_t t, int64_t g) const { return g * T + t; }
 
   Split8(const float* x, int64_t T_, int64_t K_, Format f) : T(T_), K(K_), G(K_ / kGroup), S(K_ / kSuper) {
     const int shift = many_shift(f);
@@ -82,7 +86,8 @@ struct Split8 {
           const int64_t g = j * 8 + gi;
           int e = 0;
           while (e < shift && std::ldexp(amax[gi], e + 1) <= top) ++e;
-          up[t * G + g] = shift - e;
+          const int64_t tg = at(t, g);
+          up[tg] = shift - e;
           const __m256 scale = _mm256_set1_ps(std::ldexp(inv, e));
           __m256i i[4];
           for (int k = 0; k < 4; ++k)  // rounded to nearest; each eight as 4 even, then 4 odd
@@ -90,17 +95,17 @@ struct Split8 {
                                                evens_first);
           // packs works per 128-bit lane: [evens | odds] of 16, then all 16 evens | all 16 odds
           const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
-          int8_t* out = q.data() + (t * G + g) * kGroup;
+          int8_t* out = q.data() + tg * kGroup;
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), b);
           if (f == kQ6) {
             for (int k = 0; k < 8; ++k)
-              bias[(t * G + g) * 8 + k] = int16_t(32 * (out[2 * k] + out[2 * k + 1] + out[16 + 2 * k] + out[17 + 2 * k]));
+              bias[tg * 8 + k] = int16_t(32 * (out[2 * k] + out[2 * k + 1] + out[16 + 2 * k] + out[17 + 2 * k]));
             if (IGNIS_QGEMM_VNNI)
-              for (int j = 0; j < 4; ++j) bias32[(t * G + g) * 4 + j] = -(bias[(t * G + g) * 8 + 2 * j] + bias[(t * G + g) * 8 + 2 * j + 1]);
+              for (int j = 0; j < 4; ++j) bias32[tg * 4 + j] = -(bias[tg * 8 + 2 * j] + bias[tg * 8 + 2 * j + 1]);
           } else {
             int s = 0;
             for (int k = 0; k < kGroup; ++k) s += out[k];
-            sums[t * G + g] = std::ldexp(float(s), shift - e);
+            sums[tg] = std::ldexp(float(s), shift - e);
           }
         }
       }
@@ -112,7 +117,7 @@ struct Split8 {
 // fp32 (m < 64, |sum q| <= 32 * 127: under 2^21 summed over a super-block's eight groups).
 template <int TB>
 inline void many_offsets(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float (&offsets)[TB][8]) {
-  const int64_t G = x.G, S = x.S;
+  const int64_t S = x.S;
   const uint8_t* pairs = w.sm + 2 * w.unit(n0, 0);  // group g's eight (sc, m) at pairs + 16 g
   const float* supers = w.ds + 2 * w.super(n0, 0);  // super-block j's eight (d, -dmin) at supers + 16 j
   const __m128i m_of = _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -128, -128, -128, -128, -128, -128, -128, -128);
@@ -125,7 +130,7 @@ inline void many_offsets(const Weights& w, const Split8& x, int64_t n0, int64_t 
       const int64_t g = 8 * j + gi;
       const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs + 16 * g)), m_of);
       const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-      for (int t = 0; t < TB; ++t) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[(t0 + t) * G + g]), acc[t]);
+      for (int t = 0; t < TB; ++t) acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[x.at(t0 + t, g)]), acc[t]);
     }
     const __m256 a = _mm256_loadu_ps(supers + 16 * j), b = _mm256_loadu_ps(supers + 16 * j + 8);
     const __m256 dmin = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
@@ -138,20 +143,12 @@ inline void many_offsets(const Weights& w, const Split8& x, int64_t n0, int64_t 
 // A block of eight weight rows from n0 (Weights::unit's layout) against TB rows of x from t0.
 template <Format F, int TB>
 inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
-  const int64_t G = x.G, S = x.S, K = x.K;
+  const int64_t S = x.S;
   const __m256i nib = _mm256_set1_epi8(15);
   const auto wide = [](const void* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   alignas(32) float offsets[TB][8];  // kQ4: row r's offset term for row t of x
   if constexpr (F == kQ4) many_offsets<TB>(w, x, n0, t0, offsets);
   const int64_t u0 = w.unit(n0, 0), v0 = w.super(n0, 0);  // group g's units at u0 + 8 g; super-block j's at v0 + 8 j
-  const int8_t* xq[TB];
-  const int16_t* xb[TB];
-  const int64_t* up[TB];
-  for (int t = 0; t < TB; ++t) {
-    xq[t] = x.q.data() + (t0 + t) * K;
-    up[t] = x.up.data() + (t0 + t) * G;
-    if constexpr (F == kQ6) xb[t] = x.bias.data() + (t0 + t) * G * 8;
-  }
   for (int p = 0; p < 4; ++p) {  // rows 2p (the low half) and 2p + 1 (the high one)
     alignas(32) float f[TB][8] = {};  // in memory: the registers hold the int32 sums, the weights and x
     // kQ4: each half's int16 lanes take its row's sc of a group's eight (sc, m) pairs
@@ -174,10 +171,11 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
         }
         for (int t = 0; t < TB; ++t) {
           // q in [0, 64), |x| <= 127: a pair's sum and two of them stay in int16
-          __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xq[t] + 32 * g)),
-                                       _mm256_maddubs_epi16(hi, wide(xq[t] + 32 * g + 16)));
-          if constexpr (F == kQ6) s = _mm256_sub_epi16(s, wide(xb[t] + 8 * g));  // (q - 32) x: within int16
-          const __m256i scu = _mm256_sll_epi16(sc, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(up[t] + g)));
+          const int64_t tg = x.at(t0 + t, g);
+          const int8_t* xq = x.q.data() + 32 * tg;
+          __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, wide(xq)), _mm256_maddubs_epi16(hi, wide(xq + 16)));
+          if constexpr (F == kQ6) s = _mm256_sub_epi16(s, wide(x.bias.data() + 8 * tg));  // (q - 32) x: within int16
+          const __m256i scu = _mm256_sll_epi16(sc, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.up.data() + tg)));
           acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s, scu));
         }
       }
@@ -211,16 +209,16 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
 // scale in each lane's low int16, zero in its high one), summed exactly over a super-block.
 template <Format F, int TB>
 inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
-  const int64_t G = x.G, S = x.S, K = x.K, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
+  const int64_t S = x.S, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
   const __m512i nib = _mm512_set1_epi8(15), low16 = _mm512_set1_epi32(0xFFFF);
   const __m512i row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i sixteens = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   const auto x16 = [](const void* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   alignas(32) float offsets[TB][8];  // kQ4: row r's offset term for row t of x
   if constexpr (F == kQ4) many_offsets<TB>(w, x, n0, t0, offsets);
-  __m512 f[2][TB];
-  for (int c = 0; c < 2; ++c)
-    for (int t = 0; t < TB; ++t) f[c][t] = _mm512_setzero_ps();
+  // the fp32 sums over super-blocks, in memory: touched once a super-block, they would
+  // take twelve registers from the integer sums (spilled in the inner loop, 5-15% slower)
+  alignas(64) float f[2][TB][16] = {};
   for (int64_t j = 0; j < S; ++j) {
     __m512i acc[2][TB];
     for (int c = 0; c < 2; ++c)
@@ -230,19 +228,26 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
       // each lane's integer scale as an int16 in its low half: Q4_K's sc of its row, Q6_K's of its sixteen
       const __m512i sc = F == kQ6 ? _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + 2 * u))), low16)
                                   : _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sm + 2 * u)));
-      __m512i scu[TB];  // shifted by each row of x's power for the group (16-bit shifts: the high halves stay zero)
-      for (int t = 0; t < TB; ++t) scu[t] = _mm512_sll_epi16(sc, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.up.data() + (t0 + t) * G + g)));
+      __m512i lo[2], hi[2], scc[2];  // both registers' weights and scales, then each row of x once
       for (int c = 0; c < 2; ++c) {
         const __m512i at = F == kQ6 ? _mm512_add_epi32(sixteens, _mm512_set1_epi32(8 * c))  // (sc, m) or each sixteen's
                                     : _mm512_add_epi32(_mm512_add_epi32(row, row), _mm512_set1_epi32(8 * c));
+        scc[c] = _mm512_permutexvar_epi32(at, sc);
         const __m512i b = _mm512_loadu_si512(w.q + 16 * (u + 4 * c));
-        __m512i lo = _mm512_and_si512(b, nib), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
-        if constexpr (F == kQ6) q6_high_bits_512(w.hb + 8 * (u + 4 * c), lo, hi);
-        for (int t = 0; t < TB; ++t) {
-          const int8_t* xq = x.q.data() + (t0 + t) * K + 32 * g;
-          const __m512i init = F == kQ6 ? x16(x.bias32.data() + ((t0 + t) * G + g) * 4) : _mm512_setzero_si512();
-          const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo, x16(xq)), hi, x16(xq + 16));
-          acc[c][t] = _mm512_add_epi32(acc[c][t], _mm512_madd_epi16(s, _mm512_permutexvar_epi32(at, scu[t])));
+        lo[c] = _mm512_and_si512(b, nib), hi[c] = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
+        if constexpr (F == kQ6) q6_high_bits_512(w.hb + 8 * (u + 4 * c), lo[c], hi[c]);
+      }
+      for (int t = 0; t < TB; ++t) {
+        const int64_t tg = x.at(t0 + t, g);
+        const int8_t* xq = x.q.data() + 32 * tg;
+        const __m512i xl = x16(xq), xh = x16(xq + 16);
+        const __m512i init = F == kQ6 ? x16(x.bias32.data() + 4 * tg) : _mm512_setzero_si512();
+        // the row of x's power for the group (16-bit shifts of the scales: the high halves stay zero)
+        const __m128i up = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.up.data() + tg));
+        for (int c = 0; c < 2; ++c) {
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[c], xl), hi[c], xh);
+          // vpdpwssd: vpmaddwd and the add in one (the same int32 sums)
+          acc[c][t] = _mm512_dpwssd_epi32(acc[c][t], s, _mm512_sll_epi16(scc[c], up));
         }
       }
     }
@@ -252,13 +257,13 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
                                  : _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_add_epi32(row, row), _mm512_set1_epi32(8 * c)),
                                                          _mm512_loadu_ps(w.ds + 2 * (v0 + 8 * j)));
       for (int t = 0; t < TB; ++t)
-        f[c][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[c][t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(t0 + t) * S + j])), f[c][t]);
+        _mm512_store_ps(f[c][t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[c][t]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(t0 + t) * S + j])),
+                                                 _mm512_load_ps(f[c][t])));
     }
   }
   for (int t = 0; t < TB; ++t)
     for (int c = 0; c < 2; ++c) {  // each row's four lanes, in many_avx2's order
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, f[c][t]);
+      const float* lanes = f[c][t];
       for (int r = 0; r < 4; ++r) {
         const float dot = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
         y[(t0 + t) * w.stride() + n0 + 4 * c + r] = F == kQ4 ? dot + offsets[t][4 * c + r] : dot;
