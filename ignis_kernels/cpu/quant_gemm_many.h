@@ -16,7 +16,8 @@
 // row count (from kManyRows), so a sequence's results do not depend on which others share
 // its steps there. With AVX512-VNNI (many_vnni) four rows go to a register and vpdpbusd
 // sums each int32 lane's eight products (vpmaddubsw + vpmaddwd's lanes: the same integers),
-// which a vpmaddwd then scales by the weights' shifted integer scale as on AVX2.
+// which a vpdpwssd then scales by the weights' shifted integer scale into the lane's sum
+// (vpmaddwd and the add in one: the same int32 sums as on AVX2).
 
 #pragma once
 
@@ -42,22 +43,22 @@ constexpr int many_shift(Format f) { return f == kQ6 ? 5 : 7; }
 // 127 / m), x = q * 2^-e * m / 127. A group of small values beside one of large ones keeps 8
 // bits of its own (one scale per 256 cost SmolLM2's down projections 0.3% perplexity), and
 // the 2^(shift - e) goes into the weights' integer scale (a shift of vpmaddwd's operand), so a
-// super-block still sums in int32. Per group, group-major (at(t, g): a group's rows of x side
-// by side, so a body's rows are constant offsets from one address, not a register each):
-// q [G, T, 32] (the 16 even elements, then the 16 odd ones: the nibbles' order), up [G, T]
-// = shift - e (the left shift), kQ4: sums [G, T], each group's sum of q * 2^(shift - e) (fp32:
-// exact); kQ6: bias [G, T, 8], 32 times each int16 lane's four q (elements 4j .. 4j + 3 of a
-// group). Per super-block: d [T, S] = m / 127 / 2^shift (the sums' unit).
+// super-block still sums in int32. Per group (at(t, g)): q [T, G, 32] (the 16 even elements,
+// then the 16 odd ones: the nibbles' order), up [T, G] = shift - e (the left shift), kQ4: sums
+// [T, G], each group's sum of q * 2^(shift - e) (fp32: exact); kQ6: bias [T, G, 8], 32 times
+// each int16 lane's four q (elements 4j .. 4j + 3 of a group). Per super-block: d [T, S] = m /
+// 127 / 2^shift (the sums' unit). (Group-major, a body's rows of x at constant offsets from
+// one address, measured no faster with VNNI and 10% slower on AVX2.)
 struct Split8 {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int64_t> up;
   std::vector<float> sums;  // kQ4
   std::vector<int16_t> bias;  // kQ6
-  std::vector<int32_t> bias32;  // kQ6 with VNNI: minus each int32 lane's bias (elements 8 j .. 8 j + 7), [G, T, 4]
+  std::vector<int32_t> bias32;  // kQ6 with VNNI: minus each int32 lane's bias (elements 8 j .. 8 j + 7), [T, G, 4]
   int64_t T, K, G, S;
 
-  int64_t at(int64_t t, int64_t g) const { return g * T + t; }
+  int64_t at(int64_t t, int64_t g) const { return t * G + g; }
 
   Split8(const float* x, int64_t T_, int64_t K_, Format f) : T(T_), K(K_), G(K_ / kGroup), S(K_ / kSuper) {
     const int shift = many_shift(f);
@@ -205,8 +206,12 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
 // many_avx2's arithmetic with AVX512-VNNI: a block of eight weight rows from n0 as two
 // registers of four (a 128-bit quarter a row, as bytes_vnni), TB rows of x from t0. Per group
 // and row of x: two vpdpbusd into zero (kQ6: minus its bias), whose int32 lanes (eight
-// products, |sum| < 2^15) a vpmaddwd multiplies by the weights' shifted integer scale (the
-// scale in each lane's low int16, zero in its high one), summed exactly over a super-block.
+// products, |sum| < 2^15) a vpdpwssd multiplies by the weights' shifted integer scale (the
+// scale in each lane's low int16, zero in its high one) and sums, exactly over a super-block.
+// Each register's scales are put in their lanes once a group, then shifted per row of x (a
+// permute per row of x and register before: with it and vpmaddwd + add, 1.08x (Q4_K) and
+// 1.33x (Q6_K) slower at 64 rows on a Zen 4, where vpdpbusd, vpdpwssd, vpmaddwd and the FMAs
+// share one 512-bit operation a cycle and the shifts issue beside them).
 template <Format F, int TB>
 inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
   const int64_t S = x.S, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
