@@ -16,8 +16,8 @@
 // row count (from kManyRows), so a sequence's results do not depend on which others share
 // its steps there. With AVX512-VNNI (many_vnni) four rows go to a register and vpdpbusd
 // sums each int32 lane's eight products (vpmaddubsw + vpmaddwd's lanes: the same integers),
-// which a vpdpwssd then scales by the weights' shifted integer scale into the lane's sum
-// (vpmaddwd and the add in one: the same int32 sums as on AVX2).
+// which vpdpwssd then scales by the weights' shifted integer scale into the lane's sum, two
+// groups an instruction (the same int32 sums as AVX2's vpmaddwd and adds).
 
 #pragma once
 
@@ -53,6 +53,7 @@ struct Split8 {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int64_t> up;
+  std::vector<int32_t> up2;  // with VNNI: a pair of groups' up, as int16s (group 2i low, 2i + 1 high), [T, G / 2]
   std::vector<float> sums;  // kQ4
   std::vector<int16_t> bias;  // kQ6
   std::vector<int32_t> bias32;  // kQ6 with VNNI: minus each int32 lane's bias (elements 8 j .. 8 j + 7), [T, G, 4]
@@ -65,6 +66,7 @@ struct Split8 {
     q.resize(T * K);
     d.resize(T * S);
     up.resize(T * G);
+    up2.resize(IGNIS_QGEMM_VNNI ? T * G / 2 : 0);
     if (f == kQ6) bias.resize(T * G * 8), bias32.resize(IGNIS_QGEMM_VNNI ? T * G * 4 : 0);
     else sums.resize(T * G);
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -89,6 +91,7 @@ struct Split8 {
           while (e < shift && std::ldexp(amax[gi], e + 1) <= top) ++e;
           const int64_t tg = at(t, g);
           up[tg] = shift - e;
+          if (IGNIS_QGEMM_VNNI) up2[tg / 2] |= (shift - e) << (16 * (g % 2));
           const __m256 scale = _mm256_set1_ps(std::ldexp(inv, e));
           __m256i i[4];
           for (int k = 0; k < 4; ++k)  // rounded to nearest; each eight as 4 even, then 4 odd
@@ -206,12 +209,12 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
 // many_avx2's arithmetic with AVX512-VNNI: a block of eight weight rows from n0 as two
 // registers of four (a 128-bit quarter a row, as bytes_vnni), TB rows of x from t0. Per group
 // and row of x: two vpdpbusd into zero (kQ6: minus its bias), whose int32 lanes (eight
-// products, |sum| < 2^15) a vpdpwssd multiplies by the weights' shifted integer scale (the
-// scale in each lane's low int16, zero in its high one) and sums, exactly over a super-block.
-// Each register's scales are put in their lanes once a group, then shifted per row of x (a
-// permute per row of x and register before: with it and vpmaddwd + add, 1.08x (Q4_K) and
-// 1.33x (Q6_K) slower at 64 rows on a Zen 4, where vpdpbusd, vpdpwssd, vpmaddwd and the FMAs
-// share one 512-bit operation a cycle and the shifts issue beside them).
+// products, |sum| < 2^15) are multiplied by the weights' shifted integer scale and summed,
+// exactly over a super-block: two groups' lanes go into one register's int16 halves, so that
+// one vpdpwssd scales and adds both (against two vpmaddwd and two adds: 1.2x at 64 rows of
+// Q4_K on a Zen 4, where vpdpbusd, vpdpwssd, vpmaddwd and the FMAs share one 512-bit
+// operation a cycle and shifts and blends issue beside them). Each register's scales are put
+// in their lanes once a pair of groups, then shifted per row of x.
 template <Format F, int TB>
 inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
   const int64_t S = x.S, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
@@ -228,31 +231,42 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
     __m512i acc[2][TB];
     for (int c = 0; c < 2; ++c)
       for (int t = 0; t < TB; ++t) acc[c][t] = _mm512_setzero_si512();
-    for (int64_t g = 8 * j; g < 8 * j + 8; ++g) {
-      const int64_t u = u0 + 8 * g;
-      // each lane's integer scale as an int16 in its low half: Q4_K's sc of its row, Q6_K's of its sixteen
-      const __m512i sc = F == kQ6 ? _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + 2 * u))), low16)
-                                  : _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sm + 2 * u)));
-      __m512i lo[2], hi[2], scc[2];  // both registers' weights and scales, then each row of x once
-      for (int c = 0; c < 2; ++c) {
-        const __m512i at = F == kQ6 ? _mm512_add_epi32(sixteens, _mm512_set1_epi32(8 * c))  // (sc, m) or each sixteen's
-                                    : _mm512_add_epi32(_mm512_add_epi32(row, row), _mm512_set1_epi32(8 * c));
-        scc[c] = _mm512_permutexvar_epi32(at, sc);
-        const __m512i b = _mm512_loadu_si512(w.q + 16 * (u + 4 * c));
-        lo[c] = _mm512_and_si512(b, nib), hi[c] = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
-        if constexpr (F == kQ6) q6_high_bits_512(w.hb + 8 * (u + 4 * c), lo[c], hi[c]);
+    for (int64_t g = 8 * j; g < 8 * j + 8; g += 2) {  // two groups at a time: h = 0, 1
+      // each lane's integer scales, group g's in its low int16 and g + 1's in its high one
+      // (Q4_K's sc of its row, Q6_K's of its sixteen), and both groups' weights
+      __m512i lo[2][2], hi[2][2], scc[2];
+      for (int h = 0; h < 2; ++h) {
+        const int64_t u = u0 + 8 * (g + h);
+        const __m512i sc = F == kQ6 ? _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + 2 * u))), low16)
+                                    : _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sm + 2 * u)));
+        for (int c = 0; c < 2; ++c) {
+          const __m512i at = F == kQ6 ? _mm512_add_epi32(sixteens, _mm512_set1_epi32(8 * c))  // (sc, m) or each sixteen's
+                                      : _mm512_add_epi32(_mm512_add_epi32(row, row), _mm512_set1_epi32(8 * c));
+          const __m512i mine = _mm512_permutexvar_epi32(at, sc);
+          scc[c] = h ? _mm512_or_si512(scc[c], _mm512_slli_epi32(mine, 16)) : mine;
+          const __m512i b = _mm512_loadu_si512(w.q + 16 * (u + 4 * c));
+          lo[h][c] = _mm512_and_si512(b, nib), hi[h][c] = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
+          if constexpr (F == kQ6) q6_high_bits_512(w.hb + 8 * (u + 4 * c), lo[h][c], hi[h][c]);
+        }
       }
       for (int t = 0; t < TB; ++t) {
         const int64_t tg = x.at(t0 + t, g);
         const int8_t* xq = x.q.data() + 32 * tg;
-        const __m512i xl = x16(xq), xh = x16(xq + 16);
-        const __m512i init = F == kQ6 ? x16(x.bias32.data() + 4 * tg) : _mm512_setzero_si512();
-        // the row of x's power for the group (16-bit shifts of the scales: the high halves stay zero)
-        const __m128i up = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.up.data() + tg));
+        __m512i s[2][2];
+        for (int h = 0; h < 2; ++h) {
+          const __m512i xl = x16(xq + 32 * h), xh = x16(xq + 32 * h + 16);
+          const __m512i init = F == kQ6 ? x16(x.bias32.data() + 4 * (tg + h)) : _mm512_setzero_si512();
+          for (int c = 0; c < 2; ++c) s[h][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[h][c], xl), hi[h][c], xh);
+        }
+        // the row of x's powers for the two groups (each int16's own shift: the scales' high
+        // bits stay clear)
+        const __m512i up = _mm512_set1_epi32(x.up2[tg / 2]);
         for (int c = 0; c < 2; ++c) {
-          const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[c], xl), hi[c], xh);
-          // vpdpwssd: vpmaddwd and the add in one (the same int32 sums)
-          acc[c][t] = _mm512_dpwssd_epi32(acc[c][t], s, _mm512_sll_epi16(scc[c], up));
+          // both groups' sums (|s| < 2^15) in one register's int16 halves, and one vpdpwssd
+          // multiplies each by its scale and adds both to the lane: the same int32 sums as two
+          // vpmaddwd and their adds (on AVX2)
+          const __m512i both = _mm512_mask_blend_epi16(__mmask32(0xAAAAAAAA), s[0][c], _mm512_slli_epi32(s[1][c], 16));
+          acc[c][t] = _mm512_dpwssd_epi32(acc[c][t], both, _mm512_sllv_epi16(scc[c], up));
         }
       }
     }
