@@ -67,9 +67,10 @@ def many_replaces_copy(p: CpuPlatform | None = None) -> bool:
     """Whether the native op's many-row body (Q4_K, Q6_K) is faster at every row count than
     a kept wide copy, so that `mixed` keeps none of those weights: where the wide GEMM is not
     oneDNN's bf16 (AVX2: 1.7-2x fbgemm's fp16 over a kept copy at 64 rows). A kept bf16 copy
-    (AVX-512 VNNI CPUs) measured 1.2-1.8x faster from 64 rows on a Zen 4, so `mixed` keeps its
-    copies there; the quantized form's steps of many rows, prefill chunks included, take the
-    body either way (faster than widening the weight for the step: 2.5x at 512 rows there)."""
+    (AVX-512 VNNI CPUs) measured faster from 64 rows on a Zen 4 (the 1B shape's Q4_K 1.07x at
+    64 rows, 1.12-1.25x at 512; Q6_K 1.27x, 1.37-1.48x), so `mixed` keeps its copies there;
+    the quantized form's steps of many rows, prefill chunks included, take the body either
+    way (faster than widening the weight for the step: 2.5x at 512 rows there)."""
     return cpu_native.many_rows() > 0 and not (p or cpu_platform.current()).has_gemm("bf16")
 
 
