@@ -211,10 +211,10 @@ inline void many_avx2(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
 // and row of x: two vpdpbusd into zero (kQ6: minus its bias), whose int32 lanes (eight
 // products, |sum| < 2^15) are multiplied by the weights' shifted integer scale and summed,
 // exactly over a super-block: two groups' lanes go into one register's int16 halves, so that
-// one vpdpwssd scales and adds both (against two vpmaddwd and two adds: 1.2x at 64 rows of
-// Q4_K on a Zen 4, where vpdpbusd, vpdpwssd, vpmaddwd and the FMAs share one 512-bit
-// operation a cycle and shifts and blends issue beside them). Each register's scales are put
-// in their lanes once a pair of groups, then shifted per row of x.
+// one vpdpwssd scales and adds both (against a vpdpwssd a group: 1.12x at 64 rows of Q4_K on
+// a Zen 4, where vpdpbusd, vpdpwssd, vpmaddwd and the FMAs share one 512-bit operation a
+// cycle and shifts and blends issue beside them). Each register's scales are put in their
+// lanes once a pair of groups, then shifted per row of x.
 template <Format F, int TB>
 inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
   const int64_t S = x.S, u0 = w.unit(n0, 0), v0 = w.super(n0, 0);
@@ -224,8 +224,8 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
   const auto x16 = [](const void* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   alignas(32) float offsets[TB][8];  // kQ4: row r's offset term for row t of x
   if constexpr (F == kQ4) many_offsets<TB>(w, x, n0, t0, offsets);
-  // the fp32 sums over super-blocks, in memory: touched once a super-block, they would
-  // take twelve registers from the integer sums (spilled in the inner loop, 5-15% slower)
+  // the fp32 sums over super-blocks, in memory: touched once a super-block, they leave the
+  // registers to the integer sums and the weights
   alignas(64) float f[2][TB][16] = {};
   for (int64_t j = 0; j < S; ++j) {
     __m512i acc[2][TB];
