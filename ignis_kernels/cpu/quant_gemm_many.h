@@ -52,11 +52,14 @@ constexpr int many_shift(Format f) { return f == kQ6 ? 5 : 7; }
 struct Split8 {
   std::vector<int8_t> q;
   std::vector<float> d;
+  // up and bias as the build's body reads them: many_avx2 up [T, G] and bias [T, G, 8];
+  // many_vnni up2 [T, G / 2] (a pair of groups' up as int16s, group 2i's low) and bias32
+  // [T, G, 4] (minus each int32 lane's bias: elements 8 j .. 8 j + 7)
   std::vector<int64_t> up;
-  std::vector<int32_t> up2;  // with VNNI: a pair of groups' up, as int16s (group 2i low, 2i + 1 high), [T, G / 2]
+  std::vector<int32_t> up2;
   std::vector<float> sums;  // kQ4
-  std::vector<int16_t> bias;  // kQ6
-  std::vector<int32_t> bias32;  // kQ6 with VNNI: minus each int32 lane's bias (elements 8 j .. 8 j + 7), [T, G, 4]
+  std::vector<int16_t> bias;
+  std::vector<int32_t> bias32;
   int64_t T, K, G, S;
 
   int64_t at(int64_t t, int64_t g) const { return t * G + g; }
@@ -65,9 +68,9 @@ struct Split8 {
     const int shift = many_shift(f);
     q.resize(T * K);
     d.resize(T * S);
-    up.resize(T * G);
-    up2.resize(IGNIS_QGEMM_VNNI ? T * G / 2 : 0);
-    if (f == kQ6) bias.resize(T * G * 8), bias32.resize(IGNIS_QGEMM_VNNI ? T * G * 4 : 0);
+    if (IGNIS_QGEMM_VNNI) up2.resize(T * G / 2);
+    else up.resize(T * G);
+    if (f == kQ6) IGNIS_QGEMM_VNNI ? bias32.resize(T * G * 4) : bias.resize(T * G * 8);
     else sums.resize(T * G);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -90,8 +93,8 @@ struct Split8 {
           int e = 0;
           while (e < shift && std::ldexp(amax[gi], e + 1) <= top) ++e;
           const int64_t tg = at(t, g);
-          up[tg] = shift - e;
           if (IGNIS_QGEMM_VNNI) up2[tg / 2] |= (shift - e) << (16 * (g % 2));
+          else up[tg] = shift - e;
           const __m256 scale = _mm256_set1_ps(std::ldexp(inv, e));
           __m256i i[4];
           for (int k = 0; k < 4; ++k)  // rounded to nearest; each eight as 4 even, then 4 odd
@@ -102,10 +105,12 @@ struct Split8 {
           int8_t* out = q.data() + tg * kGroup;
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), b);
           if (f == kQ6) {
-            for (int k = 0; k < 8; ++k)
-              bias[tg * 8 + k] = int16_t(32 * (out[2 * k] + out[2 * k + 1] + out[16 + 2 * k] + out[17 + 2 * k]));
+            int16_t b16[8];
+            for (int k = 0; k < 8; ++k) b16[k] = int16_t(32 * (out[2 * k] + out[2 * k + 1] + out[16 + 2 * k] + out[17 + 2 * k]));
             if (IGNIS_QGEMM_VNNI)
-              for (int j = 0; j < 4; ++j) bias32[tg * 4 + j] = -(bias[tg * 8 + 2 * j] + bias[tg * 8 + 2 * j + 1]);
+              for (int j = 0; j < 4; ++j) bias32[tg * 4 + j] = -(b16[2 * j] + b16[2 * j + 1]);
+            else
+              std::memcpy(bias.data() + tg * 8, b16, sizeof b16);
           } else {
             int s = 0;
             for (int k = 0; k < kGroup; ++k) s += out[k];
