@@ -750,9 +750,15 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
     std::memcpy(&v, p, NB);
     return _mm_cvtsi64_si128(v);
   };
-  __m512 acc[C][TB], zacc[C][TB];  // zacc: kQ4/kQ5's o * sum(x), row r's in its quarter
-  for (int c = 0; c < C; ++c)
-    for (int t = 0; t < TB; ++t) acc[c][t] = zacc[c][t] = _mm512_setzero_ps();
+  // One row of x (a decode step's): x's power of two goes into the rows' scales before they
+  // are spread over the lanes, one multiply a group instead of one a register (the same
+  // products: a power of two times a float, in either order).
+  constexpr bool one = TB == 1;
+  __m512 acc[C][TB], zacc[TB];  // zacc: kQ4/kQ5's o * sum(x), row r's in lane 2 r + 1 (the pairs' layout)
+  for (int t = 0; t < TB; ++t) {
+    zacc[t] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) acc[c][t] = _mm512_setzero_ps();
+  }
   __m512 supers;  // the NB rows' super-block scales (KS: (d, -dmin) pairs row by row; kQ6: d)
   for (int64_t g = 0; g < G; ++g) {
     const int64_t u = u0 + 8 * g;
@@ -761,8 +767,8 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
       constexpr int n = (KS ? 2 : 1) * NB;
       supers = n == 16 ? _mm512_loadu_ps(p) : n == 8 ? _mm512_castps256_ps512(_mm256_loadu_ps(p)) : _mm512_castps128_ps512(_mm_loadu_ps(p));
     }
-    __m512 ws[C], os[C];  // each row's scale (kQ6: its super-block's d) and offset, in its quarter
-    __m512i sc6[C];       // kQ6: each lane's sixteen's scale
+    __m512 ws[C];    // each row's scale (kQ6: its super-block's d; one: times x's power), in its quarter
+    __m512i sc6[C];  // kQ6: each lane's sixteen's scale
     for (int c = 0; c < C; ++c) {
       if constexpr (F == kMX4) {
         const __m512i ei = _mm512_permutexvar_epi32(_mm512_add_epi32(row, c ? four : _mm512_setzero_si512()),
@@ -771,7 +777,8 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
         ws[c] = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(ei, _mm512_setzero_si512()),
                                      _mm512_castsi512_ps(_mm512_slli_epi32(ei, 23)), tiny);
       } else if constexpr (F == kQ6) {
-        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(row, c ? four : _mm512_setzero_si512()), supers);
+        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(row, c ? four : _mm512_setzero_si512()),
+                                      one ? _mm512_mul_ps(supers, _mm512_set1_ps(x.xp[t0 * G + g])) : supers);
         sc6[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(sixteens, c ? eight : _mm512_setzero_si512()),
                                           _mm512_cvtepi8_epi32(pairs_of(w.sc + 2 * u)));
       } else {
@@ -781,9 +788,10 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
         } else {
           pairs = NB == 8 ? _mm512_loadu_ps(w.so + 2 * u) : _mm512_castps256_ps512(_mm256_loadu_ps(w.so + 2 * u));
         }
-        const __m512i at = _mm512_add_epi32(first, c ? eight : _mm512_setzero_si512());
-        ws[c] = _mm512_permutexvar_ps(at, pairs);
-        os[c] = _mm512_permutexvar_ps(_mm512_add_epi32(at, _mm512_set1_epi32(1)), pairs);
+        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(first, c ? eight : _mm512_setzero_si512()),
+                                      one ? _mm512_mul_ps(pairs, _mm512_set1_ps(x.xp[t0 * G + g])) : pairs);
+        if (c == 0)  // o * sum(x) in the pairs' own lanes (row r's o at 2 r + 1): no spreading
+          for (int t = 0; t < TB; ++t) zacc[t] = _mm512_fmadd_ps(pairs, _mm512_set1_ps(x.xs[(t0 + t) * G + g]), zacc[t]);
       }
     }
     for (int c = 0; c < C; ++c) {
@@ -807,13 +815,17 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
       for (int t = 0; t < TB; ++t) {
         const int64_t tg = (t0 + t) * G + g;
         const int8_t* xb = x.x8.data() + tg * 64;
-        __m512i l = F == kMX4 || F == kQ6 ? x16(x.xc.data() + tg * 4) : _mm512_setzero_si512();
-        l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l, lo, x16(xb)), hi, x16(xb + 16));
         const __m512i h = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x16(xb + 32)), hi, x16(xb + 48));
-        __m512i sum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 8));
+        __m512i sum;  // 256 h + l
+        if constexpr (F == kMX4 || F == kQ6) {  // l from the bias, beside h
+          const __m512i l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x16(x.xc.data() + tg * 4), lo, x16(xb)), hi, x16(xb + 16));
+          sum = _mm512_add_epi32(l, _mm512_slli_epi32(h, 8));
+        } else {  // no bias: l's products added into h's shifted sums (an add fewer)
+          sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(h, 8), lo, x16(xb)), hi, x16(xb + 16));
+        }
         if constexpr (F == kQ6) sum = _mm512_mullo_epi32(sum, sc6[c]);
-        acc[c][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws[c], _mm512_set1_ps(x.xp[tg])), acc[c][t]);
-        if constexpr (F == kQ4 || F == kQ5) zacc[c][t] = _mm512_fmadd_ps(os[c], _mm512_set1_ps(x.xs[tg]), zacc[c][t]);
+        const __m512 scale = one && F != kMX4 ? ws[c] : _mm512_mul_ps(ws[c], _mm512_set1_ps(x.xp[tg]));
+        acc[c][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[c][t]);
       }
     }
   }
@@ -821,10 +833,10 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
     for (int c = 0; c < C; ++c) {  // each row's four lanes, in nibbles_avx2's order
       alignas(64) float lanes[16], zero[16];
       _mm512_store_ps(lanes, acc[c][t]);
-      _mm512_store_ps(zero, zacc[c][t]);
+      _mm512_store_ps(zero, zacc[t]);
       for (int r = 0; r < 4; ++r) {
         const float dot = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
-        y[(t0 + t) * w.stride() + n0 + 4 * c + r] = F == kMX4 || F == kQ6 ? dot : dot + zero[4 * r];
+        y[(t0 + t) * w.stride() + n0 + 4 * c + r] = F == kMX4 || F == kQ6 ? dot : dot + zero[2 * (4 * c + r) + 1];
       }
     }
 }
