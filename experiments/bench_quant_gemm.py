@@ -8,7 +8,8 @@ loads as: Q4_K (int4 with the file's six-bit scales), Q5_K, Q6_K, Q8_0 and MXFP4
 next of enough copies of the weight to fill 384 MB, so the weights come from memory as in a
 decode step. Prints microseconds per call (best of 5 batches) and the weight bytes read per
 second; --wide adds the kept bf16 / fp16 copy the `mixed` form holds where a format has no
-many-row body. Random weights: speed only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2`
+many-row body; --cached reuses one copy instead, so the weights stay in the caches and the
+time is the body's instructions (its ceiling once memory is fast enough). Random weights: speed only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2`
 times the AVX2 one on an AVX-512 machine).
 """
 
@@ -94,6 +95,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--wide", action="store_true",
                     help="also time the kept wide copy `mixed` would hold instead (bf16 where oneDNN has it, else fp16)")
+    ap.add_argument("--cached", action="store_true",
+                    help="one copy of each weight, reused: timed from the caches, not memory (the body's instruction ceiling)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from ignis.model.packed import wide_linear
@@ -106,20 +109,22 @@ def main() -> None:
     q_rows = s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim
     gemms = {"q|k|v": (q_rows, s.hidden), "o": (s.hidden, s.heads * s.head_dim), "gate|up": (2 * s.ffn, s.hidden),
              "down": (s.hidden, s.ffn)}
-    print(f"CPU: {cpu_platform.current().describe()}; {args.threads} threads; shape {args.shape}")
+    pool = 0 if args.cached else POOL
+    print(f"CPU: {cpu_platform.current().describe()}; {args.threads} threads; shape {args.shape}"
+          + ("; weights from the caches" if args.cached else ""))
     print("| form | GEMM | " + " | ".join(f"{r} rows us (GB/s)" for r in args.rows) + " |")
     print("|---|---|" + "---:|" * len(args.rows))
     rng = np.random.default_rng(0)
     for form in args.forms:
         for name, (n, k) in gemms.items():
             first = FORMS[form](n, k, rng)
-            ops = [first] + [FORMS[form](n, k, rng) for _ in range(max(1, POOL // first.nbytes) - 1)]
+            ops = [first] + [FORMS[form](n, k, rng) for _ in range(max(1, pool // first.nbytes) - 1)]
             print(f"| {form} | {name} {n}x{k} | " + cells(ops, k, args.rows) + " |", flush=True)
             if args.wide:
                 kind = wide_kind(cpu_platform.current())
                 dense = first.widen(0, n, torch.float32)
                 wide = [wide_linear(dense, kind)]
-                wide += [wide_linear(dense.clone(), kind) for _ in range(max(1, POOL // wide[0].nbytes) - 1)]
+                wide += [wide_linear(dense.clone(), kind) for _ in range(max(1, pool // wide[0].nbytes) - 1)]
                 del ops
                 print(f"| {kind} copy | {name} {n}x{k} | " + cells(wide, k, args.rows) + " |", flush=True)
 
