@@ -9,8 +9,9 @@ next of enough copies of the weight to fill 384 MB, so the weights come from mem
 decode step. Prints microseconds per call (best of 5 batches) and the weight bytes read per
 second; --wide adds the kept bf16 / fp16 copy the `mixed` form holds where a format has no
 many-row body; --cached reuses one copy instead, so the weights stay in the caches and the
-time is the body's instructions (its ceiling once memory is fast enough). Random weights: speed only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2`
-times the AVX2 one on an AVX-512 machine).
+time is the body's instructions (its ceiling once memory is fast enough). Random weights: speed
+only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2` times the AVX2 one on an AVX-512
+machine).
 """
 
 from __future__ import annotations
