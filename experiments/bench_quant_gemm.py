@@ -97,7 +97,8 @@ def main() -> None:
     ap.add_argument("--wide", action="store_true",
                     help="also time the kept wide copy `mixed` would hold instead (bf16 where oneDNN has it, else fp16)")
     ap.add_argument("--cached", action="store_true",
-                    help="one copy of each weight, reused: timed from the caches, not memory (the body's instruction ceiling)")
+                    help="one copy of each weight, reused: timed from the caches, not memory "
+                         "(the body's instruction ceiling)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from ignis.model.packed import wide_linear
