@@ -767,6 +767,23 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
       constexpr int n = (KS ? 2 : 1) * NB;
       supers = n == 16 ? _mm512_loadu_ps(p) : n == 8 ? _mm512_castps256_ps512(_mm256_loadu_ps(p)) : _mm512_castps128_ps512(_mm_loadu_ps(p));
     }
+    // The group's scales for all NB rows, once: what ws spreads over the rows' quarters
+    // (kQ4/kQ5: the (s, o) pairs, kQ6: the super-block's d; at one row times x's power).
+    __m512 spread;
+    __m512i sc;  // kQ6: the NB rows' sixteens' scales, row by row
+    if constexpr (F == kQ6) {
+      spread = supers;
+      sc = _mm512_cvtepi8_epi32(pairs_of(w.sc + 2 * u));
+    } else if constexpr (F != kMX4) {
+      if constexpr (KS) {  // s = sc * d, o = m * -dmin
+        spread = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pairs_of(w.sm + 2 * u))), supers);
+      } else {
+        spread = NB == 8 ? _mm512_loadu_ps(w.so + 2 * u) : _mm512_castps256_ps512(_mm256_loadu_ps(w.so + 2 * u));
+      }
+      // o * sum(x) in the pairs' own lanes (row r's o at 2 r + 1): no spreading
+      for (int t = 0; t < TB; ++t) zacc[t] = _mm512_fmadd_ps(spread, _mm512_set1_ps(x.xs[(t0 + t) * G + g]), zacc[t]);
+    }
+    if constexpr (F != kMX4 && one) spread = _mm512_mul_ps(spread, _mm512_set1_ps(x.xp[t0 * G + g]));
     __m512 ws[C];    // each row's scale (kQ6: its super-block's d; one: times x's power), in its quarter
     __m512i sc6[C];  // kQ6: each lane's sixteen's scale
     for (int c = 0; c < C; ++c) {
@@ -777,21 +794,10 @@ inline void bytes_vnni_of(const Weights& w, const Split& x, int64_t n0, int64_t 
         ws[c] = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(ei, _mm512_setzero_si512()),
                                      _mm512_castsi512_ps(_mm512_slli_epi32(ei, 23)), tiny);
       } else if constexpr (F == kQ6) {
-        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(row, c ? four : _mm512_setzero_si512()),
-                                      one ? _mm512_mul_ps(supers, _mm512_set1_ps(x.xp[t0 * G + g])) : supers);
-        sc6[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(sixteens, c ? eight : _mm512_setzero_si512()),
-                                          _mm512_cvtepi8_epi32(pairs_of(w.sc + 2 * u)));
+        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(row, c ? four : _mm512_setzero_si512()), spread);
+        sc6[c] = _mm512_permutexvar_epi32(_mm512_add_epi32(sixteens, c ? eight : _mm512_setzero_si512()), sc);
       } else {
-        __m512 pairs;  // (s, o) of the NB rows, row by row
-        if constexpr (KS) {  // s = sc * d, o = m * -dmin
-          pairs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pairs_of(w.sm + 2 * u))), supers);
-        } else {
-          pairs = NB == 8 ? _mm512_loadu_ps(w.so + 2 * u) : _mm512_castps256_ps512(_mm256_loadu_ps(w.so + 2 * u));
-        }
-        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(first, c ? eight : _mm512_setzero_si512()),
-                                      one ? _mm512_mul_ps(pairs, _mm512_set1_ps(x.xp[t0 * G + g])) : pairs);
-        if (c == 0)  // o * sum(x) in the pairs' own lanes (row r's o at 2 r + 1): no spreading
-          for (int t = 0; t < TB; ++t) zacc[t] = _mm512_fmadd_ps(pairs, _mm512_set1_ps(x.xs[(t0 + t) * G + g]), zacc[t]);
+        ws[c] = _mm512_permutexvar_ps(_mm512_add_epi32(first, c ? eight : _mm512_setzero_si512()), spread);
       }
     }
     for (int c = 0; c < C; ++c) {
