@@ -9,82 +9,18 @@ reference) and the MoE block over it, ignis_kernels.moe's ops with each weight g
 
 gate_up's rows are gate rows first (ignis_kernels.moe_ref's layout); gpt-oss's checkpoints
 interleave them (even rows gate, odd rows up), so the loader permutes the rows of blocks
-and scales at load. Nothing here reads a value back to the host on the Triton path.
+and scales at load. The Triton launch is ignis_kernels.moe_mxfp4_triton, imported only when it
+runs. Nothing here reads a value back to the host on the Triton path.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 
-from ignis_kernels.backend import Backend, interpreting, use_triton
-from ignis_kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
-from ignis_kernels.moe_mxfp4_ref import check_mxfp4, dequantize_mxfp4, grouped_gemm_mxfp4_ref, moe_mxfp4_ref
+from ignis_kernels.backend import Backend, use_triton
+from ignis_kernels.moe_mxfp4_ref import dequantize_mxfp4, grouped_gemm_mxfp4_ref, moe_mxfp4_ref
 
-__all__ = ["dequantize_mxfp4", "grouped_gemm_mxfp4", "grouped_gemm_mxfp4_triton", "moe_mxfp4", "tile_m"]
-
-
-def tile_m(num_rows: int, num_experts: int) -> int:
-    """The row tile for a grouping of num_rows rows over num_experts experts, from shapes
-    only (no host sync): decode steps give most experts a row or two, and a 64-row tile
-    there would multiply zeros; 16 is tl.dot's least."""
-    per_expert = triton.cdiv(max(num_rows, 1), num_experts)
-    return 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
-
-
-def grouped_gemm_mxfp4_triton(
-    x: torch.Tensor,
-    blocks: torch.Tensor,
-    scales: torch.Tensor,
-    expert_offsets: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    *,
-    block_m: int | None = None,
-    block_n: int = 64,
-    block_k: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 3,
-) -> torch.Tensor:
-    """The Triton grouped GEMM with grouped_gemm_mxfp4_ref's contract. block_k is a multiple
-    of 32 (whole groups a tile; 64 divides gpt-oss's 2880, so no tile is ragged there);
-    block_m defaults to tile_m(M, E). Tiles are guesses aimed at Hopper; tests pass small ones."""
-    M, Kx = x.shape
-    E, N, K = check_mxfp4(blocks, scales)
-    if Kx != K:
-        raise ValueError(f"MXFP4 weight [{E}, {N}, {K}] does not take x {tuple(x.shape)}")
-    if blocks.stride(-1) != 1 or blocks.stride(-2) != 16:
-        raise ValueError("MXFP4 blocks must be contiguous within a row ([..., K/32, 16] with strides (16, 1))")
-    if block_k % 32 or block_k < 32:
-        raise ValueError(f"block_k must be a multiple of 32, got {block_k}")
-    if expert_offsets.shape != (E + 1,):
-        raise ValueError(f"expert_offsets must be [{E + 1}], got {tuple(expert_offsets.shape)}")
-    if bias is not None and bias.shape != (E, N):
-        raise ValueError(f"bias must be [{E}, {N}], got {tuple(bias.shape)}")
-    if out is None:
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if M == 0:
-        return out
-    block_m = block_m or tile_m(M, E)
-    offsets = expert_offsets.to(torch.int32).contiguous()
-    b = bias if bias is not None else out  # an unused placeholder pointer
-    grid = (M // block_m + E, triton.cdiv(N, block_n))
-    grouped_gemm_mxfp4_kernel[grid](
-        x, blocks, scales, b, out, offsets,
-        E, N, K,
-        *x.stride(), blocks.stride(0), blocks.stride(1),
-        *scales.stride(),
-        *(bias.stride() if bias is not None else (0, 0)),
-        *out.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        HAS_BIAS=bias is not None,
-        UPCAST=interpreting(),
-        FP32_DOT=x.dtype == torch.float32,
-        EVEN_K=K % block_k == 0,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    return out
+__all__ = ["dequantize_mxfp4", "grouped_gemm_mxfp4", "moe_mxfp4"]
 
 
 def grouped_gemm_mxfp4(
@@ -98,6 +34,8 @@ def grouped_gemm_mxfp4(
 ) -> torch.Tensor:
     """Rows offsets[e]:offsets[e+1] of x times expert e's MXFP4 weight (ignis_kernels.moe_mxfp4_ref)."""
     if use_triton(x, backend):
+        from ignis_kernels.moe_mxfp4_triton import grouped_gemm_mxfp4_triton
+
         return grouped_gemm_mxfp4_triton(x, blocks, scales, expert_offsets, bias, out)
     return grouped_gemm_mxfp4_ref(x, blocks, scales, expert_offsets, bias, out)
 
@@ -120,6 +58,8 @@ def moe_mxfp4(
 ) -> torch.Tensor:
     """The routed experts' gated MLPs over MXFP4 weights (ignis_kernels.moe_mxfp4_ref.moe_mxfp4_ref)."""
     extra = dict(gate_up_bias=gate_up_bias, down_bias=down_bias, alpha=alpha, limit=limit)
-    gemm = grouped_gemm_mxfp4_triton if use_triton(x, backend) else grouped_gemm_mxfp4_ref
+    gemm = grouped_gemm_mxfp4_ref
+    if use_triton(x, backend):
+        from ignis_kernels.moe_mxfp4_triton import grouped_gemm_mxfp4_triton as gemm
     return moe_mxfp4_ref(x, weights, ids, gate_up_blocks, gate_up_scales, down_blocks, down_scales, activation,
                          grouped_gemm=gemm, **extra)

@@ -38,10 +38,10 @@ sys.path.append(str(Path(__file__).resolve().parents[2] / "tests" / "kernels"))
 from paged_batch import PagedBatch, make_paged_batch  # noqa: E402
 
 from experiments.gpu.common import Case, Context, bench, gbs, row  # noqa: E402
-from ignis_kernels.attention import TileConfig, paged_attention_triton, tile_config  # noqa: E402
+from ignis_kernels.attention_triton import TileConfig, paged_attention_triton, tile_config  # noqa: E402
 from ignis_kernels.attention_ref import paged_attention_ref  # noqa: E402
 from ignis_kernels.attention_split import choose_num_splits, sm_count  # noqa: E402
-from ignis_kernels.kv_cache import write_kv_triton  # noqa: E402
+from ignis_kernels.kv_cache_triton import write_kv_triton  # noqa: E402
 from ignis_kernels.kv_cache_ref import write_kv_ref  # noqa: E402
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}

@@ -40,7 +40,7 @@ def run(copy_bw_gbs: float) -> list[dict]:
     if not torch.cuda.is_available():
         return []
     from experiments.gpu.common import cuda_time, gbs
-    from ignis_kernels.token_mask import apply_token_bitmask_triton_
+    from ignis_kernels.token_mask_triton import apply_token_bitmask_triton_
     from ignis_kernels.token_mask_ref import apply_token_bitmask_ref_
 
     out: list[dict] = []

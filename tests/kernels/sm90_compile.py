@@ -29,12 +29,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ignis_kernels.attention import tile_config
+from ignis_kernels.attention_triton import tile_config
 from ignis_kernels.attention_kernel import paged_attention_kernel
 from ignis_kernels.moe_kernel import grouped_gemm_kernel
 from ignis_kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
 from ignis_kernels.attention_split import combine_splits_kernel
-from ignis_kernels.kv_cache import _write_kv_kernel
+from ignis_kernels.kv_cache_triton import _write_kv_kernel
 from ignis_kernels.sampling_tensors import GREEDY_EPS
 from ignis_kernels.sampling_triton import DEFAULT_CONFIG as SAMPLER, _sample_kernel
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from sm90_compile import _TY, _compile, _ptxas_stats  # noqa: E402 - a sibling script
-from ignis_kernels.token_mask import BLOCK_V, _token_bitmask_kernel
+from ignis_kernels.token_mask_triton import BLOCK_V, _token_bitmask_kernel
 
 
 def compile_all() -> list[dict]:

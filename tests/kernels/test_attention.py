@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ignis_kernels import paged_attention, paged_attention_ref
-from ignis_kernels.attention import TileConfig, paged_attention_triton, tile_config
+from ignis_kernels.attention_triton import TileConfig, paged_attention_triton, tile_config
 from ignis_kernels.attention_split import MIN_KEYS_PER_SPLIT, choose_num_splits, worth_splitting
 from tests.kernels.dense_sinks import dense_sink_attention, random_sinks
 from tests.kernels.paged_batch import PagedBatch, make_paged_batch

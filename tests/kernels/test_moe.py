@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ignis_kernels.moe import group_by_expert, grouped_gemm, grouped_gemm_triton, moe, route
+from ignis_kernels.moe import group_by_expert, grouped_gemm, moe, route
+from ignis_kernels.moe_triton import grouped_gemm_triton
 from ignis_kernels.moe_ref import grouped_gemm_ref
 
 

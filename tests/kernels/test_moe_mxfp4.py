@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ignis_kernels.moe_mxfp4 import grouped_gemm_mxfp4, grouped_gemm_mxfp4_triton, moe_mxfp4, tile_m
+from ignis_kernels.moe_mxfp4 import grouped_gemm_mxfp4, moe_mxfp4
+from ignis_kernels.moe_mxfp4_triton import grouped_gemm_mxfp4_triton, tile_m
 from ignis_kernels.moe_mxfp4_ref import dequantize_mxfp4, grouped_gemm_mxfp4_ref
 from ignis_kernels.moe_ref import moe_ref, route
 

@@ -6,11 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ignis_kernels.token_mask import (
-    BLOCK_V,
-    apply_token_bitmask_,
-    apply_token_bitmask_triton_,
-)
+from ignis_kernels.token_mask import apply_token_bitmask_
+from ignis_kernels.token_mask_triton import BLOCK_V, apply_token_bitmask_triton_
 from ignis_kernels.token_mask_ref import (
     apply_token_bitmask_cpu_,
     apply_token_bitmask_ref_,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ignis_kernels import write_kv, write_kv_ref
-from ignis_kernels.kv_cache import write_kv_triton
+from ignis_kernels.kv_cache_triton import write_kv_triton
 
 
 @pytest.fixture
