@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # (or many short steps) grows the heap; a few decode steps do not. A ~950-token prompt left a
 # 1B model's server 200 MB above what it holds (1608 -> 1407 MB trimmed; its prefill takes
 # seconds, the next request's page faults tens of ms); trimming after every short chat turn
-# measured ~8% slower turns.
+# measured ~10% slower turns.
 TRIM_AFTER_TOKENS = 512
 
 
