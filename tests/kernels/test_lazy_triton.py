@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,6 @@ def test_cpu_serving_path_imports_no_triton(tmp_path):
 
     path = build_tiny_model(tmp_path / "tiny", "llama", seed=1)
     out = subprocess.run([sys.executable, "-c", RUN, str(path)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={"PATH": "/usr/bin:/bin", "IGNIS_KERNEL_BACKEND": "auto"})
+                         timeout=300, env={**os.environ, "IGNIS_KERNEL_BACKEND": "auto"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
