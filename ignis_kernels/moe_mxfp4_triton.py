@@ -8,6 +8,7 @@ import triton
 from ignis_kernels.backend import interpreting
 from ignis_kernels.moe_mxfp4_kernel import grouped_gemm_mxfp4_kernel
 from ignis_kernels.moe_mxfp4_ref import check_mxfp4
+from ignis_kernels.moe_triton import launch_args
 
 
 def tile_m(num_rows: int, num_experts: int) -> int:
@@ -43,17 +44,10 @@ def grouped_gemm_mxfp4_triton(
         raise ValueError("MXFP4 blocks must be contiguous within a row ([..., K/32, 16] with strides (16, 1))")
     if block_k % 32 or block_k < 32:
         raise ValueError(f"block_k must be a multiple of 32, got {block_k}")
-    if expert_offsets.shape != (E + 1,):
-        raise ValueError(f"expert_offsets must be [{E + 1}], got {tuple(expert_offsets.shape)}")
-    if bias is not None and bias.shape != (E, N):
-        raise ValueError(f"bias must be [{E}, {N}], got {tuple(bias.shape)}")
-    if out is None:
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    out, offsets, b = launch_args(x, E, N, expert_offsets, bias, out)
     if M == 0:
         return out
     block_m = block_m or tile_m(M, E)
-    offsets = expert_offsets.to(torch.int32).contiguous()
-    b = bias if bias is not None else out  # an unused placeholder pointer
     grid = (M // block_m + E, triton.cdiv(N, block_n))
     grouped_gemm_mxfp4_kernel[grid](
         x, blocks, scales, b, out, offsets,

@@ -27,16 +27,9 @@ def grouped_gemm_triton(
     E, N, Kw = w.shape
     if Kw != K:
         raise ValueError(f"w {tuple(w.shape)} does not take x {tuple(x.shape)}")
-    if expert_offsets.shape != (E + 1,):
-        raise ValueError(f"expert_offsets must be [{E + 1}], got {tuple(expert_offsets.shape)}")
-    if bias is not None and bias.shape != (E, N):
-        raise ValueError(f"bias must be [{E}, {N}], got {tuple(bias.shape)}")
-    if out is None:
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    out, offsets, b = launch_args(x, E, N, expert_offsets, bias, out)
     if M == 0:
         return out
-    offsets = expert_offsets.to(torch.int32).contiguous()
-    b = bias if bias is not None else out  # an unused placeholder pointer
     grid = (M // block_m + E, triton.cdiv(N, block_n))
     grouped_gemm_kernel[grid](
         x, w, b, out, offsets,
@@ -51,3 +44,18 @@ def grouped_gemm_triton(
         num_warps=num_warps,
     )
     return out
+
+
+def launch_args(
+    x: torch.Tensor, E: int, N: int, expert_offsets: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, int32 offsets, the bias pointer) of a grouped GEMM over E experts' [N, K] weights,
+    after checking the offsets' and bias's shapes (this one's and the MXFP4 one's launch)."""
+    if expert_offsets.shape != (E + 1,):
+        raise ValueError(f"expert_offsets must be [{E + 1}], got {tuple(expert_offsets.shape)}")
+    if bias is not None and bias.shape != (E, N):
+        raise ValueError(f"bias must be [{E}, {N}], got {tuple(bias.shape)}")
+    if out is None:
+        out = torch.empty(x.shape[0], N, dtype=x.dtype, device=x.device)
+    # without a bias, an unused placeholder pointer
+    return out, expert_offsets.to(torch.int32).contiguous(), bias if bias is not None else out
