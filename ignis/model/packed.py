@@ -26,7 +26,7 @@ for the step (bf16, or fp32 without a bf16 GEMM) and multiply densely: faster th
 copy kept. Where the native op has a many-row body for the op's blocks (`many`: Q4_K and
 Q6_K on AVX2 CPUs and AVX-512 ones with VNNI; ignis_kernels/cpu/quant_gemm_many.h, 8-bit
 activations per 256 as llama.cpp's) every step of its rows or more goes through it instead,
-and where it beats a kept wide copy too (weight_plan.many_replaces_copy: no bf16 GEMM)
+and, as it is as fast as a kept wide copy (weight_plan.many_replaces_copy),
 `mixed` keeps no copy of it. Activations stay fp32 between GEMMs (torch's small bf16 CPU ops are slower than
 fp32 at decode sizes): each op casts its input to what its kernel takes. The LM head is
 ignis/model/lm_head.py's.
@@ -118,7 +118,7 @@ class PackedLinear:
 
     @property
     def replaces_copy(self) -> bool:
-        """Whether the many-row body also beats a kept wide copy (weight_plan.many_replaces_copy):
+        """Whether the many-row body is as fast as a kept wide copy (weight_plan.many_replaces_copy):
         then `mixed` keeps none."""
         return self.many and many_replaces_copy()
 

@@ -18,8 +18,8 @@ The forms (`model.weight_form`, built by ignis/model/packed.py):
              weights, fp32 activations: the AVX2 machine's fast wide GEMM), else fp32.
              A weight whose native GEMM has a many-row body (Q4_K, Q6_K on AVX2 CPUs and
              AVX-512 ones with VNNI: ignis_kernels.cpu_native.many_rows, 8-bit activations
-             from 16 rows on) keeps no copy where that body beats the wide GEMM at every row
-             count (many_replaces_copy: no bf16 GEMM here).
+             from 16 rows on) keeps no copy: that body is as fast as the wide GEMM at every
+             row count (many_replaces_copy).
 The LM head (ignis/model/lm_head.py) takes the wide kind for wide steps, and for few rows
 int8 with dynamic-quantized activations (at 7 bits where the CPU lacks VNNI), or a large
 Q8_0 table's own GEMM (packed.py's Q8Linear).
@@ -63,15 +63,15 @@ class WeightPlan:
     why: str = ""
 
 
-def many_replaces_copy(p: CpuPlatform | None = None) -> bool:
-    """Whether the native op's many-row body (Q4_K, Q6_K) is faster at every row count than
-    a kept wide copy, so that `mixed` keeps none of those weights: where the wide GEMM is not
-    oneDNN's bf16 (AVX2: 1.7-2x fbgemm's fp16 over a kept copy at 64 rows). A kept bf16 copy
-    (AVX-512 VNNI CPUs) measured faster from 64 rows on a Zen 4 (the 1B shape's Q4_K 1.07x at
-    64 rows, 1.12-1.25x at 512; Q6_K 1.27x, 1.37-1.48x), so `mixed` keeps its copies there;
-    the quantized form's steps of many rows, prefill chunks included, take the body either
-    way (faster than widening the weight for the step: 2.5x at 512 rows there)."""
-    return cpu_native.many_rows() > 0 and not (p or cpu_platform.current()).has_gemm("bf16")
+def many_replaces_copy() -> bool:
+    """Whether the native op's many-row body (Q4_K, Q6_K) is as fast as a kept wide copy at
+    every row count, so that `mixed` keeps none of those weights: wherever the op has one.
+    AVX2: 1.7-2x fbgemm's fp16 over a kept copy at 64 rows. AVX-512 VNNI, since the body
+    takes sixteen rows a register (many16_vnni), against oneDNN's bf16 over a kept copy (the
+    1B shape's GEMMs on a 2-core Zen 4, from memory, two runs): Q4_K 1.03-1.26x at 64 rows
+    and 0.98-1.10x at 512, Q6_K 0.97-1.15x and 0.92-1.08x, from a quarter to two fifths of
+    the copy's bytes (the copy had been 1.07x and 1.27x faster at 64 rows, and was kept)."""
+    return cpu_native.many_rows() > 0
 
 
 def wide_kind(p: CpuPlatform) -> str:
@@ -107,7 +107,7 @@ def mixed_copy_bytes(matrices: Iterable[tuple[str, int]], p: CpuPlatform | None 
     matrix but the experts') would take here: none of Q4_K / Q6_K where their many-row body
     replaces a copy (many_replaces_copy)."""
     p = p or cpu_platform.current()
-    skip = {"Q4_K", "Q6_K"} if many_replaces_copy(p) else set()
+    skip = {"Q4_K", "Q6_K"} if many_replaces_copy() else set()
     return sum(n for t, n in matrices if t not in skip) * _WIDE_BYTES[wide_kind(p)]
 
 
@@ -178,7 +178,7 @@ def plan_weights(
         parts.append(f"steps of many rows widened to {widen_to}"
                      + (" (but Q4_K / Q6_K: their many-row GEMM)" if native and cpu_native.many_rows() > 0 else ""))
     if form in ("mixed", "bfloat16"):
-        many = form == "mixed" and native and many_replaces_copy(p)
+        many = form == "mixed" and native and many_replaces_copy()
         parts.append(f"wide steps through a kept {wide} copy" + (" (none of Q4_K / Q6_K: their many-row GEMM)" if many else ""))
     parts.append(f"head {wide}" + (f" + int8 dynamic ({'8' if plan.head_full_range else '7'}-bit activations)"
                                    if head_int8 else ""))

@@ -935,8 +935,13 @@ inline void run(const Weights& w, const float* x, int64_t T, float* y) {
     if (many_rows(w, T)) {  // whole blocks of eight rows there; a tail of N % 8 rows below
       const Split8 x8(x, T, w.K, F);
       const int64_t blocks = w.N / 8, tail = blocks * 8;
-      const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / (8 * w.K * T));
-      at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) { many_rows_of<F>(w, x8, 8 * b0, 8 * b1, y); });
+      // spans of blocks the body takes together (VNNI: pairs, many16_vnni), whatever the
+      // threads' split: a row's sums never depend on the step's row count
+      const int64_t span = IGNIS_QGEMM_VNNI ? 2 : 1, spans = (blocks + span - 1) / span;
+      const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / (8 * span * w.K * T));
+      at::parallel_for(0, spans, grain, [&](int64_t b0, int64_t b1) {
+        many_rows_of<F>(w, x8, 8 * span * b0, std::min(8 * span * b1, tail), y);
+      });
       if (tail < w.N) rows<F>(w, Split(x, T, w.K, F), tail, w.N, T, y);
       return;
     }

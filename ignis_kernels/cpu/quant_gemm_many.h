@@ -17,7 +17,8 @@
 // its steps there. With AVX512-VNNI (many_vnni) four rows go to a register and vpdpbusd
 // sums each int32 lane's eight products (vpmaddubsw + vpmaddwd's lanes: the same integers),
 // which vpdpwssd then scales by the weights' shifted integer scale into the lane's sum, two
-// groups an instruction (the same int32 sums as AVX2's vpmaddwd and adds).
+// groups an instruction (the same int32 sums as AVX2's vpmaddwd and adds). Pairs of blocks
+// of eight rows take many16_vnni, a row an int32 lane, sixteen rows of x at a time.
 
 #pragma once
 
@@ -57,6 +58,8 @@ struct Split8 {
   // [T, G, 4] (minus each int32 lane's bias: elements 8 j .. 8 j + 7)
   std::vector<int64_t> up;
   std::vector<int32_t> up2;
+  std::vector<int32_t> up32;   // many16_vnni: [T, G] the power as an int32
+  std::vector<int32_t> bias16;  // many16_vnni, kQ6: [T, G, 2] minus each sixteen's bias
   std::vector<float> sums;  // kQ4
   std::vector<int16_t> bias;
   std::vector<int32_t> bias32;
@@ -68,9 +71,9 @@ struct Split8 {
     const int shift = many_shift(f);
     q.resize(T * K);
     d.resize(T * S);
-    if (IGNIS_QGEMM_VNNI) up2.resize(T * G / 2);
+    if (IGNIS_QGEMM_VNNI) up2.resize(T * G / 2), up32.resize(T * G);
     else up.resize(T * G);
-    if (f == kQ6) IGNIS_QGEMM_VNNI ? bias32.resize(T * G * 4) : bias.resize(T * G * 8);
+    if (f == kQ6) IGNIS_QGEMM_VNNI ? (bias32.resize(T * G * 4), bias16.resize(T * G * 2)) : bias.resize(T * G * 8);
     else sums.resize(T * G);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -93,7 +96,7 @@ struct Split8 {
           int e = 0;
           while (e < shift && std::ldexp(amax[gi], e + 1) <= top) ++e;
           const int64_t tg = at(t, g);
-          if (IGNIS_QGEMM_VNNI) up2[tg / 2] |= (shift - e) << (16 * (g % 2));
+          if (IGNIS_QGEMM_VNNI) up2[tg / 2] |= (shift - e) << (16 * (g % 2)), up32[tg] = shift - e;
           else up[tg] = shift - e;
           const __m256 scale = _mm256_set1_ps(std::ldexp(inv, e));
           __m256i i[4];
@@ -107,8 +110,10 @@ struct Split8 {
           if (f == kQ6) {
             int16_t b16[8];
             for (int k = 0; k < 8; ++k) b16[k] = int16_t(32 * (out[2 * k] + out[2 * k + 1] + out[16 + 2 * k] + out[17 + 2 * k]));
-            if (IGNIS_QGEMM_VNNI)
+            if (IGNIS_QGEMM_VNNI) {
               for (int j = 0; j < 4; ++j) bias32[tg * 4 + j] = -(b16[2 * j] + b16[2 * j + 1]);
+              for (int j = 0; j < 2; ++j) bias16[tg * 2 + j] = bias32[tg * 4 + 2 * j] + bias32[tg * 4 + 2 * j + 1];
+            }
             else
               std::memcpy(bias.data() + tg * 8, b16, sizeof b16);
           } else {
@@ -294,10 +299,125 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
       }
     }
 }
+
+// vpdpbusd of w's bytes and the four signed bytes at x broadcast to every lane: the broadcast
+// goes in the instruction's memory operand ({1to16}: no broadcast instruction of its own,
+// which gcc does not fold there itself), where the compiler targets VNNI.
+inline __m512i dpbusd_x4(__m512i acc, __m512i w, const int32_t* x) {
+#if defined(__AVX512VNNI__)
+  asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*x));
+  return acc;
+#else
+  return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*x));
+#endif
+}
+
+// Sixteen weight rows (two blocks of eight from n0) against TB rows of x from t0, a row per
+// int32 lane. many_vnni's lanes each hold a quarter of a row's group, so every group's scales
+// go beside its sums (a blend, two shifts and a vpdpwssd per two groups and four rows: half
+// that body's operations), and its weights are unpacked again for every six rows of x. Here
+// a group's sixteen rows are unpacked and transposed once per TB rows of x into eight
+// registers, wq[k] holding each row's bytes 4k .. 4k + 3 (Split8's order: the sixteen even
+// elements, then the odd ones), and vpdpbusd takes x's same four bytes broadcast: eight give
+// every lane its row's group sum. Q4_K: in two halves (the even and the odd elements, |s| <
+// 2^15 each), which one vpdpwssd scales by the row's sc shifted by x's power; Q6_K: one sum
+// per sixteen (quads 0, 1, 4, 5: elements 0-15), each times its scale by vpmulld. Exact in
+// int32 over half a super-block (Q4_K: 4 * 32 * 15 * 127 * 63 * 2^7 < 2^31; Q6_K: 8 * 16 * 32 *
+// 127 * 128 * 2^5 < 2^31), then fp32 times d and x's d. 1.2x (Q4_K) and 1.4x (Q6_K) many_vnni
+// at 64 rows on a Zen 4 core. Every row of x takes the same sums in the same order whatever
+// TB; they are many_vnni's integers, added in another order before the fp32 step, so not
+// many_avx2's bits.
+template <Format F, int TB>
+inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
+  const int64_t S = x.S, ua = w.unit(n0, 0), ub = w.unit(n0 + 8, 0), va = w.super(n0, 0), vb = w.super(n0 + 8, 0);
+  const __m512i nib = _mm512_set1_epi8(15);
+  // quads 0 and 1 (then 2 and 3) of rows 0-3 and 4-7 (a register each, a row a quarter)
+  const __m512i q01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i q23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
+  // the low (high) 256 bits of two registers: rows 0-7's quad and rows 8-15's
+  const __m512i low = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), high = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+  const auto load = [](const void* p) { return _mm512_loadu_si512(p); };
+  const auto bytes16 = [](const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  alignas(32) float offsets[2][TB][8];  // kQ4: each block's rows' offset terms
+  if constexpr (F == kQ4) {
+    many_offsets<TB>(w, x, n0, t0, offsets[0]);
+    many_offsets<TB>(w, x, n0 + 8, t0, offsets[1]);
+  }
+  alignas(64) float f[TB][16] = {};  // the fp32 sums, a row a lane
+  for (int64_t j = 0; j < S; ++j) {
+    // each row's d, and with x's d
+    const __m512 d = F == kQ6 ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w.ds + va + 8 * j)), _mm256_loadu_ps(w.ds + vb + 8 * j), 1)
+                              : _mm512_permutex2var_ps(_mm512_loadu_ps(w.ds + 2 * (va + 8 * j)), evens, _mm512_loadu_ps(w.ds + 2 * (vb + 8 * j)));
+    for (int half = 0; half < 2; ++half) {
+      __m512i acc[TB];
+      for (int t = 0; t < TB; ++t) acc[t] = _mm512_setzero_si512();
+      for (int64_t g = 8 * j + 4 * half; g < 8 * j + 4 * half + 4; ++g) {
+        // the group's sixteen rows by quads: wq[k]'s lane r, row r's bytes 4k .. 4k + 3
+        __m512i wq[8];
+        {
+          __m512i lo[4], hi[4];
+          for (int i = 0; i < 4; ++i) {
+            const int64_t u = (i < 2 ? ua : ub) + 8 * g + 4 * (i % 2);
+            const __m512i b = load(w.q + 16 * u);
+            lo[i] = _mm512_and_si512(b, nib), hi[i] = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
+            if constexpr (F == kQ6) q6_high_bits_512(w.hb + 8 * u, lo[i], hi[i]);
+          }
+          for (int h = 0; h < 2; ++h) {
+            const __m512i* v = h ? hi : lo;
+            const __m512i a01 = _mm512_permutex2var_epi32(v[0], q01, v[1]), b01 = _mm512_permutex2var_epi32(v[2], q01, v[3]);
+            const __m512i a23 = _mm512_permutex2var_epi32(v[0], q23, v[1]), b23 = _mm512_permutex2var_epi32(v[2], q23, v[3]);
+            wq[4 * h + 0] = _mm512_permutex2var_epi64(a01, low, b01);
+            wq[4 * h + 1] = _mm512_permutex2var_epi64(a01, high, b01);
+            wq[4 * h + 2] = _mm512_permutex2var_epi64(a23, low, b23);
+            wq[4 * h + 3] = _mm512_permutex2var_epi64(a23, high, b23);
+          }
+        }
+        if constexpr (F == kQ4) {
+          // each row's sc (the even bytes of its (sc, m) pairs)
+          const __m512i sc = _mm512_permutex2var_epi32(_mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ua + 8 * g))), evens,
+                                                       _mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ub + 8 * g))));
+          const __m512i sc2 = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
+          for (int t = 0; t < TB; ++t) {
+            const int64_t tg = x.at(t0 + t, g);
+            const int32_t* xq = reinterpret_cast<const int32_t*>(x.q.data() + 32 * tg);
+            __m512i se = _mm512_setzero_si512(), so = _mm512_setzero_si512();
+            for (int k = 0; k < 4; ++k) se = dpbusd_x4(se, wq[k], xq + k), so = dpbusd_x4(so, wq[4 + k], xq + 4 + k);
+            const __m512i both = _mm512_mask_blend_epi16(__mmask32(0xAAAAAAAA), se, _mm512_slli_epi32(so, 16));
+            acc[t] = _mm512_dpwssd_epi32(acc[t], both, _mm512_sllv_epi16(sc2, _mm512_set1_epi16(int16_t(x.up32[tg]))));
+          }
+        } else {
+          // each row's two sixteens' scales: quads 0, 1 of the even and odd elements hold the
+          // first sixteen (elements 0-15), quads 2, 3 the second
+          const __m512i ia = _mm512_cvtepi8_epi32(bytes16(w.sc + 2 * (ua + 8 * g))), ib = _mm512_cvtepi8_epi32(bytes16(w.sc + 2 * (ub + 8 * g)));
+          const __m512i sc0 = _mm512_permutex2var_epi32(ia, evens, ib), sc1 = _mm512_permutex2var_epi32(ia, odds, ib);
+          for (int t = 0; t < TB; ++t) {
+            const int64_t tg = x.at(t0 + t, g);
+            const int32_t* xq = reinterpret_cast<const int32_t*>(x.q.data() + 32 * tg);
+            __m512i s0 = _mm512_set1_epi32(x.bias16[2 * tg]), s1 = _mm512_set1_epi32(x.bias16[2 * tg + 1]);
+            for (int k : {0, 1, 4, 5}) s0 = dpbusd_x4(s0, wq[k], xq + k);
+            for (int k : {2, 3, 6, 7}) s1 = dpbusd_x4(s1, wq[k], xq + k);
+            const __m512i up = _mm512_set1_epi32(x.up32[tg]);
+            acc[t] = _mm512_add_epi32(acc[t], _mm512_add_epi32(_mm512_mullo_epi32(s0, _mm512_sllv_epi32(sc0, up)),
+                                                               _mm512_mullo_epi32(s1, _mm512_sllv_epi32(sc1, up))));
+          }
+        }
+      }
+      for (int t = 0; t < TB; ++t)
+        _mm512_store_ps(f[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(d, _mm512_set1_ps(x.d[(t0 + t) * S + j])),
+                                              _mm512_load_ps(f[t])));
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int r = 0; r < 16; ++r)
+      y[(t0 + t) * w.stride() + n0 + r] = F == kQ4 ? f[t][r] + offsets[r / 8][t][r % 8] : f[t][r];
+}
 #endif
 
-// Rows [n0, n1) (whole blocks of eight) against every row of x, six rows of x at a time (8-10%
-// faster than four on a Zen 3; eight no more), in
+// Rows [n0, n1) (whole blocks of eight, from an even block with VNNI: pairs of blocks take
+// many16_vnni, sixteen rows of x at a time, a last block alone many_vnni) against every row
+// of x, six rows of x at a time (8-10% faster than four on a Zen 3; eight no more), in
 // chunks of kChunkRows rows of x (a prefill chunk's x would not stay in the second-level cache
 // over a block's rows: 1024 rows of a 2048-wide x ran at 150 GFLOP/s against 220 for 256).
 constexpr int64_t kChunkRows = 64;
@@ -310,6 +430,15 @@ inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t 
       int64_t t = c;
 #if IGNIS_QGEMM_VNNI
 #define IGNIS_MANY many_vnni
+      if (n + 16 <= n1) {  // two blocks at once
+        for (; t + 16 <= c1; t += 16) many16_vnni<F, 16>(w, x, n, t, y);
+        if (c1 - t >= 8) many16_vnni<F, 8>(w, x, n, t, y), t += 8;
+        if (c1 - t >= 4) many16_vnni<F, 4>(w, x, n, t, y), t += 4;
+        if (c1 - t >= 2) many16_vnni<F, 2>(w, x, n, t, y), t += 2;
+        if (c1 - t >= 1) many16_vnni<F, 1>(w, x, n, t, y);
+        n += 8;
+        continue;
+      }
 #else
 #define IGNIS_MANY many_avx2
 #endif

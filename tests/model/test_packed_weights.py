@@ -373,11 +373,13 @@ def test_auto_keeps_wide_copies_only_where_they_fit(monkeypatch: pytest.MonkeyPa
     """`auto` with many sequences takes `mixed` while the file and its wide copies fit in
     MIXED_MEMORY_SHARE of the memory available, else `quantized` (an 8B Q4_K_M's bf16 copies,
     16 GB beside its 4.9, on a 24 GB machine), saying why; an explicit form is kept as asked.
-    The copies skip Q4_K / Q6_K where their many-row body replaces them (AVX2)."""
+    The copies skip Q4_K / Q6_K where their many-row body replaces them (AVX2, AVX-512 VNNI;
+    not on AVX-512 without VNNI, where there is none)."""
     from ignis.model import weight_plan
 
     cpu = torch.device("cpu")
     matrices = [("Q4_K", 7_000_000_000), ("Q6_K", 1_000_000_000), ("Q8_0", 100_000_000)]
+    monkeypatch.setattr(weight_plan, "many_replaces_copy", lambda: False)
     copies = weight_plan.mixed_copy_bytes(matrices, ZEN5)
     assert copies == 2 * 8_100_000_000
 
@@ -389,8 +391,9 @@ def test_auto_keeps_wide_copies_only_where_they_fit(monkeypatch: pytest.MonkeyPa
     tight = auto(18 << 30)
     assert tight.form == "quantized" and "would not fit" in tight.why and "16.2 GB" in tight.why
     assert auto(18 << 30, "mixed").form == "mixed"
-    monkeypatch.setattr(weight_plan, "many_replaces_copy", lambda p=None: True)
+    monkeypatch.setattr(weight_plan, "many_replaces_copy", lambda: True)
     assert weight_plan.mixed_copy_bytes(matrices, ZEN3) == 2 * 100_000_000  # fbgemm fp16, Q8_0's alone
+    assert weight_plan.mixed_copy_bytes(matrices, ZEN5) == 2 * 100_000_000  # bf16, Q8_0's alone
     assert weight_plan.available_memory() is None or weight_plan.available_memory() > 0
 
 
