@@ -9,7 +9,8 @@ next of enough copies of the weight to fill 384 MB, so the weights come from mem
 decode step. Prints microseconds per call (best of 5 batches) and the weight bytes read per
 second; --wide adds the kept bf16 / fp16 copy the `mixed` form holds where a format has no
 many-row body; --cached reuses one copy instead, so the weights stay in the caches and the
-time is the body's instructions (its ceiling once memory is fast enough). Random weights: speed
+time is the body's instructions (its ceiling once memory is fast enough); --cpu-time times by
+the process's CPU time, which a shared VM's stolen time does not inflate. Random weights: speed
 only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2` times the AVX2 one on an AVX-512
 machine).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,14 +78,14 @@ FORMS = {"q4_k": lambda n, k, rng: k_scaled(n, k, 4, rng), "q5_k": lambda n, k, 
          "q6_k": q6_k, "q8_0": q8_0, "mxfp4": mxfp4}
 
 
-def cells(ops: list, k: int, row_counts: list[int]) -> str:
+def cells(ops: list, k: int, row_counts: list[int], clock=time.perf_counter) -> str:
     """One table row's cells: microseconds a call (GB/s of weights) at each row count, each call
     taking the next of `ops` (copies of one weight) so that it comes from memory."""
     out = []
     for rows in row_counts:
         x = torch.randn(rows, k)
         turn = iter(range(1 << 62))
-        us = best_us(lambda: ops[next(turn) % len(ops)](x), max(len(ops), 64 // rows))
+        us = best_us(lambda: ops[next(turn) % len(ops)](x), max(len(ops), 64 // rows), clock)
         out.append(f"{us:.0f} ({ops[0].nbytes / us / 1e3:.1f})")
     return " | ".join(out)
 
@@ -99,7 +101,11 @@ def main() -> None:
     ap.add_argument("--cached", action="store_true",
                     help="one copy of each weight, reused: timed from the caches, not memory "
                          "(the body's instruction ceiling)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the process's CPU time (all threads' together) instead of the wall clock: "
+                         "a VM's stolen time does not count (with --threads 1, a core's time a call)")
     args = ap.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
     from ignis.model.packed import wide_linear
     from ignis.model.weight_plan import wide_kind
@@ -113,7 +119,7 @@ def main() -> None:
              "down": (s.hidden, s.ffn)}
     pool = 0 if args.cached else POOL
     print(f"CPU: {cpu_platform.current().describe()}; {args.threads} threads; shape {args.shape}"
-          + ("; weights from the caches" if args.cached else ""))
+          + ("; weights from the caches" if args.cached else "") + ("; CPU time" if args.cpu_time else ""))
     print("| form | GEMM | " + " | ".join(f"{r} rows us (GB/s)" for r in args.rows) + " |")
     print("|---|---|" + "---:|" * len(args.rows))
     rng = np.random.default_rng(0)
@@ -121,14 +127,14 @@ def main() -> None:
         for name, (n, k) in gemms.items():
             first = FORMS[form](n, k, rng)
             ops = [first] + [FORMS[form](n, k, rng) for _ in range(max(1, pool // first.nbytes) - 1)]
-            print(f"| {form} | {name} {n}x{k} | " + cells(ops, k, args.rows) + " |", flush=True)
+            print(f"| {form} | {name} {n}x{k} | " + cells(ops, k, args.rows, clock) + " |", flush=True)
             if args.wide:
                 kind = wide_kind(cpu_platform.current())
                 dense = first.widen(0, n, torch.float32)
                 wide = [wide_linear(dense, kind)]
                 wide += [wide_linear(dense.clone(), kind) for _ in range(max(1, pool // wide[0].nbytes) - 1)]
                 del ops
-                print(f"| {kind} copy | {name} {n}x{k} | " + cells(wide, k, args.rows) + " |", flush=True)
+                print(f"| {kind} copy | {name} {n}x{k} | " + cells(wide, k, args.rows, clock) + " |", flush=True)
 
 
 if __name__ == "__main__":
