@@ -54,12 +54,11 @@ struct Split8 {
   std::vector<int8_t> q;
   std::vector<float> d;
   // up and bias as the build's body reads them: many_avx2 up [T, G] and bias [T, G, 8];
-  // many_vnni up2 [T, G / 2] (a pair of groups' up as int16s, group 2i's low) and bias32
-  // [T, G, 4] (minus each int32 lane's bias: elements 8 j .. 8 j + 7)
+  // with VNNI up32 [T, G] and, kQ6, bias32 [T, G, 4] (many_vnni: minus each int32 lane's bias,
+  // elements 8 j .. 8 j + 7) and bias16 [T, G, 2] (many16_vnni: minus each sixteen's)
   std::vector<int64_t> up;
-  std::vector<int32_t> up2;
-  std::vector<int32_t> up32;   // many16_vnni: [T, G] the power as an int32
-  std::vector<int32_t> bias16;  // many16_vnni, kQ6: [T, G, 2] minus each sixteen's bias
+  std::vector<int32_t> up32;
+  std::vector<int32_t> bias16;
   std::vector<float> sums;  // kQ4
   std::vector<int16_t> bias;
   std::vector<int32_t> bias32;
@@ -71,7 +70,7 @@ struct Split8 {
     const int shift = many_shift(f);
     q.resize(T * K);
     d.resize(T * S);
-    if (IGNIS_QGEMM_VNNI) up2.resize(T * G / 2), up32.resize(T * G);
+    if (IGNIS_QGEMM_VNNI) up32.resize(T * G);
     else up.resize(T * G);
     if (f == kQ6) IGNIS_QGEMM_VNNI ? (bias32.resize(T * G * 4), bias16.resize(T * G * 2)) : bias.resize(T * G * 8);
     else sums.resize(T * G);
@@ -96,7 +95,7 @@ struct Split8 {
           int e = 0;
           while (e < shift && std::ldexp(amax[gi], e + 1) <= top) ++e;
           const int64_t tg = at(t, g);
-          if (IGNIS_QGEMM_VNNI) up2[tg / 2] |= (shift - e) << (16 * (g % 2)), up32[tg] = shift - e;
+          if (IGNIS_QGEMM_VNNI) up32[tg] = shift - e;
           else up[tg] = shift - e;
           const __m256 scale = _mm256_set1_ps(std::ldexp(inv, e));
           __m256i i[4];
@@ -268,9 +267,9 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
           const __m512i init = F == kQ6 ? x16(x.bias32.data() + 4 * (tg + h)) : _mm512_setzero_si512();
           for (int c = 0; c < 2; ++c) s[h][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[h][c], xl), hi[h][c], xh);
         }
-        // the row of x's powers for the two groups (each int16's own shift: the scales' high
-        // bits stay clear)
-        const __m512i up = _mm512_set1_epi32(x.up2[tg / 2]);
+        // the row of x's powers for the two groups, g's in the low int16 and g + 1's in the
+        // high one (each int16's own shift: the scales' high bits stay clear)
+        const __m512i up = _mm512_set1_epi32(x.up32[tg] | x.up32[tg + 1] << 16);
         for (int c = 0; c < 2; ++c) {
           // both groups' sums (|s| < 2^15) in one register's int16 halves, and one vpdpwssd
           // multiplies each by its scale and adds both to the lane: the same int32 sums as two
