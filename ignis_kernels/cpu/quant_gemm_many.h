@@ -18,7 +18,7 @@
 // sums each int32 lane's eight products (vpmaddubsw + vpmaddwd's lanes: the same integers),
 // which vpdpwssd then scales by the weights' shifted integer scale into the lane's sum, two
 // groups an instruction (the same int32 sums as AVX2's vpmaddwd and adds). Pairs of blocks
-// of eight rows take many16_vnni, a row an int32 lane, sixteen rows of x at a time.
+// of eight rows take many16_vnni, a row an int32 lane, up to 32 rows of x at a time.
 
 #pragma once
 
@@ -299,6 +299,36 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
     }
 }
 
+// many_offsets for two blocks of eight rows (n0 and n0 + 8) at once, a row a lane of one
+// 512-bit register: each lane's arithmetic is many_offsets' own, in the same order. Rows of x
+// sixteen at a time, their sums over super-blocks in offsets itself: at TB 32 the registers
+// would not hold both (gcc spilled: ~7% of the Q4_K body at 64 rows).
+template <int TB>
+inline void many_offsets16(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float (&offsets)[TB][16]) {
+  constexpr int TC = TB < 16 ? TB : 16;
+  static_assert(TB % TC == 0);
+  const int64_t S = x.S;
+  const uint8_t *pa = w.sm + 2 * w.unit(n0, 0), *pb = w.sm + 2 * w.unit(n0 + 8, 0);
+  const float *sa = w.ds + 2 * w.super(n0, 0), *sb = w.ds + 2 * w.super(n0 + 8, 0);
+  const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const auto bytes16 = [](const void* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  for (int t = 0; t < TB; ++t) _mm512_store_ps(offsets[t], _mm512_setzero_ps());
+  for (int tc = 0; tc < TB; tc += TC)
+    for (int64_t j = 0; j < S; ++j) {
+      __m512 acc[TC];
+      for (int t = 0; t < TC; ++t) acc[t] = _mm512_setzero_ps();
+      for (int gi = 0; gi < 8; ++gi) {
+        const int64_t g = 8 * j + gi;
+        const __m512 m = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(bytes16(pa + 16 * g), odds, bytes16(pb + 16 * g)));
+        for (int t = 0; t < TC; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sums[x.at(t0 + tc + t, g)]), acc[t]);
+      }
+      const __m512 dmin = _mm512_permutex2var_ps(_mm512_loadu_ps(sa + 16 * j), odds, _mm512_loadu_ps(sb + 16 * j));
+      for (int t = 0; t < TC; ++t)
+        _mm512_store_ps(offsets[tc + t], _mm512_fmadd_ps(acc[t], _mm512_mul_ps(dmin, _mm512_set1_ps(x.d[(t0 + tc + t) * S + j])),
+                                                         _mm512_load_ps(offsets[tc + t])));
+    }
+}
+
 // vpdpbusd of w's bytes and the four signed bytes at x broadcast to every lane: the broadcast
 // goes in the instruction's memory operand ({1to16}: no broadcast instruction of its own,
 // which gcc does not fold there itself), where the compiler targets VNNI.
@@ -315,9 +345,10 @@ inline __m512i dpbusd_x4(__m512i acc, __m512i w, const int32_t* x) {
 // int32 lane. many_vnni's lanes each hold a quarter of a row's group, so every group's scales
 // go beside its sums (a blend, two shifts and a vpdpwssd per two groups and four rows: half
 // that body's operations), and its weights are unpacked again for every six rows of x. Here
-// a group's sixteen rows are unpacked and transposed once per TB rows of x into eight
-// registers, wq[k] holding each row's bytes 4k .. 4k + 3 (Split8's order: the sixteen even
-// elements, then the odd ones), and vpdpbusd takes x's same four bytes broadcast: eight give
+// a group's sixteen rows are transposed (their nibble bytes by fours: four vpermt2d, four
+// vpermt2q) and unpacked once per TB rows of x (up to 32) into eight registers, wq[k]
+// holding each row's bytes 4k .. 4k + 3 (Split8's order: the sixteen even elements, then the
+// odd ones), and vpdpbusd takes x's same four bytes broadcast: eight give
 // every lane its row's group sum. Q4_K: in two halves (the even and the odd elements, |s| <
 // 2^15 each), which one vpdpwssd scales by the row's sc shifted by x's power; Q6_K: one sum
 // per sixteen (quads 0, 1, 4, 5: elements 0-15), each times its scale by vpmulld. Exact in
@@ -339,11 +370,8 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
   const __m512i low = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), high = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
   const auto load = [](const void* p) { return _mm512_loadu_si512(p); };
   const auto bytes16 = [](const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
-  alignas(32) float offsets[2][TB][8];  // kQ4: each block's rows' offset terms
-  if constexpr (F == kQ4) {
-    many_offsets<TB>(w, x, n0, t0, offsets[0]);
-    many_offsets<TB>(w, x, n0 + 8, t0, offsets[1]);
-  }
+  alignas(64) float offsets[TB][16];  // kQ4: each row's offset term
+  if constexpr (F == kQ4) many_offsets16<TB>(w, x, n0, t0, offsets);
   alignas(64) float f[TB][16] = {};  // the fp32 sums, a row a lane
   for (int64_t j = 0; j < S; ++j) {
     // each row's d, and with x's d
@@ -353,24 +381,33 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
       __m512i acc[TB];
       for (int t = 0; t < TB; ++t) acc[t] = _mm512_setzero_si512();
       for (int64_t g = 8 * j + 4 * half; g < 8 * j + 4 * half + 4; ++g) {
-        // the group's sixteen rows by quads: wq[k]'s lane r, row r's bytes 4k .. 4k + 3
+        // the group's sixteen rows by quads: wq[k]'s lane r, row r's bytes 4k .. 4k + 3. The
+        // nibbles' bytes are transposed as they are (byte i: elements 2i and 2i + 1), then
+        // split: a quad's low nibbles are Split8's evens 4k .. 4k + 3, its high ones the odds
         __m512i wq[8];
         {
-          __m512i lo[4], hi[4];
-          for (int i = 0; i < 4; ++i) {
-            const int64_t u = (i < 2 ? ua : ub) + 8 * g + 4 * (i % 2);
-            const __m512i b = load(w.q + 16 * u);
-            lo[i] = _mm512_and_si512(b, nib), hi[i] = _mm512_and_si512(_mm512_srli_epi16(b, 4), nib);
-            if constexpr (F == kQ6) q6_high_bits_512(w.hb + 8 * u, lo[i], hi[i]);
-          }
-          for (int h = 0; h < 2; ++h) {
-            const __m512i* v = h ? hi : lo;
-            const __m512i a01 = _mm512_permutex2var_epi32(v[0], q01, v[1]), b01 = _mm512_permutex2var_epi32(v[2], q01, v[3]);
-            const __m512i a23 = _mm512_permutex2var_epi32(v[0], q23, v[1]), b23 = _mm512_permutex2var_epi32(v[2], q23, v[3]);
-            wq[4 * h + 0] = _mm512_permutex2var_epi64(a01, low, b01);
-            wq[4 * h + 1] = _mm512_permutex2var_epi64(a01, high, b01);
-            wq[4 * h + 2] = _mm512_permutex2var_epi64(a23, low, b23);
-            wq[4 * h + 3] = _mm512_permutex2var_epi64(a23, high, b23);
+          __m512i v[4];
+          for (int i = 0; i < 4; ++i) v[i] = load(w.q + 16 * ((i < 2 ? ua : ub) + 8 * g + 4 * (i % 2)));
+          const __m512i a01 = _mm512_permutex2var_epi32(v[0], q01, v[1]), b01 = _mm512_permutex2var_epi32(v[2], q01, v[3]);
+          const __m512i a23 = _mm512_permutex2var_epi32(v[0], q23, v[1]), b23 = _mm512_permutex2var_epi32(v[2], q23, v[3]);
+          const __m512i quad[4] = {_mm512_permutex2var_epi64(a01, low, b01), _mm512_permutex2var_epi64(a01, high, b01),
+                                   _mm512_permutex2var_epi64(a23, low, b23), _mm512_permutex2var_epi64(a23, high, b23)};
+          if constexpr (F == kQ4) {
+            for (int k = 0; k < 4; ++k) wq[k] = _mm512_and_si512(quad[k], nib), wq[4 + k] = _mm512_and_si512(_mm512_srli_epi16(quad[k], 4), nib);
+          } else {
+            // the high two bits: each row's eight bytes of hb, 0-3 (h[0]) and 4-7 (h[1]) a lane;
+            // nibble byte i < 8 takes bits 4-5 (its low nibble's element) and 0-1 (its high one's)
+            // of hb byte i, byte i >= 8 bits 6-7 and 2-3 of hb byte i - 8 (Weights' kQ6 layout)
+            const __m512i ha = load(w.hb + 8 * (ua + 8 * g)), hbb = load(w.hb + 8 * (ub + 8 * g));
+            const __m512i h[2] = {_mm512_permutex2var_epi32(ha, evens, hbb), _mm512_permutex2var_epi32(ha, odds, hbb)};
+            const __m512i bits45 = _mm512_set1_epi8(0x30);
+            for (int k = 0; k < 4; ++k) {
+              const __m512i hk = h[k % 2];
+              const __m512i hl = k < 2 ? hk : _mm512_srli_epi16(hk, 2), hh = _mm512_slli_epi16(hk, k < 2 ? 4 : 2);
+              // (a & b) | (c & 0x30): the low nibble and its high bits
+              wq[k] = _mm512_ternarylogic_epi32(quad[k], nib, _mm512_and_si512(hl, bits45), 0xEA);
+              wq[4 + k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(quad[k], 4), nib, _mm512_and_si512(hh, bits45), 0xEA);
+            }
           }
         }
         if constexpr (F == kQ4) {
@@ -410,15 +447,16 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
   }
   for (int t = 0; t < TB; ++t)
     for (int r = 0; r < 16; ++r)
-      y[(t0 + t) * w.stride() + n0 + r] = F == kQ4 ? f[t][r] + offsets[r / 8][t][r % 8] : f[t][r];
+      y[(t0 + t) * w.stride() + n0 + r] = F == kQ4 ? f[t][r] + offsets[t][r] : f[t][r];
 }
 #endif
 
 // Rows [n0, n1) (whole blocks of eight, from an even block with VNNI: pairs of blocks take
-// many16_vnni, sixteen rows of x at a time, a last block alone many_vnni) against every row
-// of x, six rows of x at a time (8-10% faster than four on a Zen 3; eight no more), in
-// chunks of kChunkRows rows of x (a prefill chunk's x would not stay in the second-level cache
-// over a block's rows: 1024 rows of a 2048-wide x ran at 150 GFLOP/s against 220 for 256).
+// many16_vnni, 32 rows of x at a time, then 16, 8, 4, 2, 1; a last block alone many_vnni)
+// against every row of x, six rows of x at a time (8-10% faster than four on a Zen 3; eight
+// no more), in chunks of kChunkRows rows of x (a prefill chunk's x would not stay in the
+// second-level cache over a block's rows: 1024 rows of a 2048-wide x ran at 150 GFLOP/s
+// against 220 for 256).
 constexpr int64_t kChunkRows = 64;
 
 template <Format F>
@@ -430,7 +468,8 @@ inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t 
 #if IGNIS_QGEMM_VNNI
 #define IGNIS_MANY many_vnni
       if (n + 16 <= n1) {  // two blocks at once
-        for (; t + 16 <= c1; t += 16) many16_vnni<F, 16>(w, x, n, t, y);
+        for (; t + 32 <= c1; t += 32) many16_vnni<F, 32>(w, x, n, t, y);
+        if (c1 - t >= 16) many16_vnni<F, 16>(w, x, n, t, y), t += 16;
         if (c1 - t >= 8) many16_vnni<F, 8>(w, x, n, t, y), t += 8;
         if (c1 - t >= 4) many16_vnni<F, 4>(w, x, n, t, y), t += 4;
         if (c1 - t >= 2) many16_vnni<F, 2>(w, x, n, t, y), t += 2;

@@ -166,10 +166,11 @@ int main() {
         const Case c = random_case(f, N, K, rng, k_scales);
         const qgemm::Weights w = c.weights();
         const Case paired = k_scales ? c.with_pairs() : Case{};
-        // 20 rows: the many-row body's (quant_gemm_many.h), where it serves the format
+        // 20 and 37 rows: the many-row body's (quant_gemm_many.h), where it serves the format
+        // (37: many16_vnni's 32, 4 and 1 rows of x at a time, against 16 for the last 16 alone)
         const bool many_format = (f == qgemm::kQ4 && k_scales) || f == qgemm::kQ6;
-        for (int64_t T : {1, 2, 3, 4, 5, 9, 20}) {
-          if (T == 20 && !many_format) continue;
+        for (int64_t T : {1, 2, 3, 4, 5, 9, 20, 37}) {
+          if (T >= 20 && !many_format) continue;
           const bool many = T >= kMany;
           std::normal_distribution<float> normal(0.0f, 1.0f);
           std::vector<float> x(T * K), y(T * N), one(N);

@@ -57,8 +57,8 @@ def test_bodies_match_the_formats(build: str) -> None:
     lines = _run(build)
     assert sum(ln.startswith("ok format 40 ") for ln in lines) == 72  # every mxfp4 case ran
     # and the K types' scales (Q4_K / Q5_K), each equal bit for bit to the pairs they stand for
-    assert sum(ln.startswith(("ok format 4k ", "ok format 5k ")) for ln in lines) == 2 * 6 * 2 * 6 + 6 * 2
-    assert sum(ln.startswith("ok format 6 ") for ln in lines) == 6 * 2 * 7  # Q6_K's blocks (20 rows too)
+    assert sum(ln.startswith(("ok format 4k ", "ok format 5k ")) for ln in lines) == 2 * 6 * 2 * 6 + 6 * 2 * 2
+    assert sum(ln.startswith("ok format 6 ") for ln in lines) == 6 * 2 * 8  # Q6_K's blocks (20 and 37 rows too)
 
 
 def test_avx2_and_vnni_byte_bodies_agree_bit_for_bit() -> None:
@@ -74,10 +74,10 @@ def test_avx2_and_vnni_byte_bodies_agree_bit_for_bit() -> None:
         return [ln.split(": ")[0] + ln.split(",")[-1] for ln in _run(build) if ln.startswith(nibbles)]
 
     def paired(line: str) -> bool:
-        return " T 20" in line and int(line.split(" N ")[1].split()[0]) >= 16
+        return (" T 20" in line or " T 37" in line) and int(line.split(" N ")[1].split()[0]) >= 16
 
     vnni = outputs("avx512-vnni")
-    assert len(vnni) == 72 + 2 * 72 + 2 * 6 * 2 * 6 + 6 * 2 + 6 * 2 * 7
+    assert len(vnni) == 72 + 2 * 72 + 2 * 6 * 2 * 6 + 6 * 2 * 2 + 6 * 2 * 8
     avx2 = outputs("avx2")
     assert [ln for ln in vnni if not paired(ln)] == [ln for ln in avx2 if not paired(ln)]
-    assert sum(paired(ln) for ln in vnni) == 2 * 2 * 2  # Q4_K and Q6_K, K of 256 and 512, N of 64 and 100
+    assert sum(paired(ln) for ln in vnni) == 2 * 2 * 2 * 2  # Q4_K and Q6_K, K of 256 and 512, N of 64 and 100, T of 20 and 37
