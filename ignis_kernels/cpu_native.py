@@ -218,6 +218,29 @@ def _load() -> bool:
     return hasattr(torch.ops.ignis_cpu, "decode_layers")
 
 
+def _usable(x: torch.Tensor) -> bool:
+    """Whether the op is loaded already (never built here) and takes x: contiguous 2-D fp32
+    on the CPU."""
+    return bool(_state.get("ok")) and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous()
+
+
+def top_k_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's k largest entries' indices (the op's largest first) of a 2-D tensor: the op's
+    top_k_rows (one compare a logit: 8x torch.topk over a 128k vocabulary at 64 rows) where
+    _usable(x), else torch.topk."""
+    if _usable(x):
+        return torch.ops.ignis_cpu.top_k_rows(x, k)[1]
+    return x.topk(k, dim=-1, sorted=False).indices
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row's first index of its largest entry: the op's top_k_rows(x, 1) under
+    top_k_indices' conditions (a row with NaN: its largest other entry), else x.argmax."""
+    if _usable(x):
+        return torch.ops.ignis_cpu.top_k_rows(x, 1)[1][:, 0]
+    return x.argmax(dim=-1)
+
+
 def many_rows() -> int:
     """The fewest rows from which the op's Q4_K / Q6_K GEMMs take their many-row body
     (ignis_kernels/cpu/quant_gemm_many.h: 8-bit activations; AVX2, and AVX-512 with VNNI), or 0

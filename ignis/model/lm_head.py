@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 
+from ignis_kernels import cpu_native
+
 log = logging.getLogger(__name__)
 
 # Rows up to which the narrow (int8) GEMM serves when a wide one exists too: a one-user
@@ -112,7 +114,7 @@ class RefinedHead:
         logits = gemm(x)
         if x.shape[0] == 0:
             return logits
-        cand = logits.topk(min(top, logits.shape[1]), dim=-1, sorted=False).indices  # [M, top]
+        cand = cpu_native.top_k_indices(logits, min(top, logits.shape[1]))  # [M, top]
         w = self.rows(cand.reshape(-1)).view(*cand.shape, -1).float()  # [M, top, K]
         exact = torch.bmm(w, x.float()[:, :, None])[..., 0]
         return logits.scatter_(1, cand, exact)

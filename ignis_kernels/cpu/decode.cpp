@@ -39,6 +39,7 @@
 #include <torch/library.h>
 
 #include "quant_gemm.h"
+#include "top_k.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -50,6 +51,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -1277,6 +1279,22 @@ at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::op
   return y;
 }
 
+// Each row's k largest values of x [M, N] fp32 and their indices, sorted descending
+// (top_k.h): torch.topk's (values, indices) for k <= N, rows split over torch's threads.
+std::tuple<at::Tensor, at::Tensor> top_k_rows(const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "top_k_rows: x is contiguous fp32 [M, N]");
+  const int64_t M = x.size(0), N = x.size(1);
+  TORCH_CHECK(k >= 0 && k <= N, "top_k_rows: k must be in [0, N]");
+  at::Tensor vals = at::empty({M, k}, x.options()), ids = at::empty({M, k}, x.options().dtype(at::kLong));
+  const float* v = x.data_ptr<float>();
+  float* out = vals.data_ptr<float>();
+  int64_t* idx = ids.data_ptr<int64_t>();
+  at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) topk::row(v + r * N, N, k, out + r * k, idx + r * k);
+  });
+  return {vals, ids};
+}
+
 // The fewest rows of x from which quant_gemm's Q4_K / Q6_K GEMMs take their many-row body
 // (quant_gemm_many.h: 8-bit x per 256, as fast as a dense GEMM at any row count), or 0 where
 // this build has none (AVX-512 and non-x86 CPUs).
@@ -1298,6 +1316,7 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "float scale, int window, Tensor? sinks=None) -> Tensor",
       TORCH_FN(paged_decode_attention));
   m.def("quant_gemm_many_rows() -> int", TORCH_FN(many_rows_op));
+  m.def("top_k_rows(Tensor x, int k) -> (Tensor, Tensor)", TORCH_FN(top_k_rows));
   m.def("quant_gemm(Tensor x, Tensor q, Tensor? qh, Tensor scales, int bits, Tensor? supers=None) -> Tensor",
         TORCH_FN(quant_gemm_op));
   m.def(
