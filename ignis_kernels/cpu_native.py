@@ -221,7 +221,8 @@ def _load() -> bool:
 def _usable(x: torch.Tensor) -> bool:
     """Whether the op is loaded already (never built here) and takes x: contiguous 2-D fp32
     on the CPU."""
-    return bool(_state.get("ok")) and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous()
+    return (bool(_state.get("ok")) and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2
+            and x.is_contiguous())
 
 
 def top_k_indices(x: torch.Tensor, k: int) -> torch.Tensor:

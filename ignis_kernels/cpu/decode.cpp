@@ -26,7 +26,8 @@
 // differs from torch's, so results agree to float rounding, not bits.
 //
 // Built and loaded by ignis_kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers,
-// and paged_decode_attention (the same attention alone, for steps that stay eager).
+// paged_decode_attention (the same attention alone, for steps that stay eager), quant_gemm
+// (one GEMM of quant_gemm.h) and top_k_rows (top_k.h: the LM head's candidates).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

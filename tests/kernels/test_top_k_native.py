@@ -16,7 +16,8 @@ def _native_op() -> None:
         pytest.skip("no native CPU decode op on this machine (no C++ compiler?)")
 
 
-@pytest.mark.parametrize(("rows", "n", "k"), [(64, 5000, 16), (3, 50, 8), (1, 16, 16), (2, 7, 3), (5, 33, 1), (4, 100, 0)])
+@pytest.mark.parametrize(("rows", "n", "k"),
+                         [(64, 5000, 16), (3, 50, 8), (1, 16, 16), (2, 7, 3), (5, 33, 1), (4, 100, 0)])
 def test_values_are_torch_topks(rows: int, n: int, k: int) -> None:
     x = torch.randn(rows, n, generator=torch.Generator().manual_seed(n))
     vals, ids = torch.ops.ignis_cpu.top_k_rows(x, k)
