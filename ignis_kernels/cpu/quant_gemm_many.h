@@ -381,9 +381,9 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
     // each row's d, and with x's d
     const __m512 d = F == kQ6 ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w.ds + va + 8 * j)), _mm256_loadu_ps(w.ds + vb + 8 * j), 1)
                               : _mm512_permutex2var_ps(_mm512_loadu_ps(w.ds + 2 * (va + 8 * j)), evens, _mm512_loadu_ps(w.ds + 2 * (vb + 8 * j)));
-    __m512i sums[2][TB];  // each half's int32 sums
+    __m512i halves[2][TB];  // each half super-block's int32 sums
     for (int half = 0; half < 2; ++half) {
-      __m512i (&acc)[TB] = sums[half];
+      __m512i (&acc)[TB] = halves[half];
       for (int t = 0; t < TB; ++t) acc[t] = _mm512_setzero_si512();
       for (int64_t g = 8 * j + 4 * half; g < 8 * j + 4 * half + 4; ++g) {
         // the group's sixteen rows by quads: wq[k]'s lane r, row r's bytes 4k .. 4k + 3. The
@@ -447,7 +447,7 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
       }
     }
     for (int t = 0; t < TB; ++t)
-      _mm512_store_ps(f[t], _mm512_fmadd_ps(_mm512_add_ps(_mm512_cvtepi32_ps(sums[0][t]), _mm512_cvtepi32_ps(sums[1][t])),
+      _mm512_store_ps(f[t], _mm512_fmadd_ps(_mm512_add_ps(_mm512_cvtepi32_ps(halves[0][t]), _mm512_cvtepi32_ps(halves[1][t])),
                                             _mm512_mul_ps(d, _mm512_set1_ps(x.d[(t0 + t) * S + j])), _mm512_load_ps(f[t])));
   }
   for (int t = 0; t < TB; ++t)
