@@ -389,6 +389,9 @@ class Q6Linear(PackedLinear):
         gather index per granularity, reused for the four tensors."""
         n, groups = self.nibbles.shape[0], self.in_features // GROUP
         ids = ids.reshape(-1)
+        native = cpu_native.q6_rows(self.nibbles, self.high_bits, self.sixteens, self.supers, ids)
+        if native is not None:  # the same values, in one pass
+            return native
         index = {g: _gather_index(n, ids, g) for g in (groups, groups // 8)}
         return self._values(ids.numel(), lambda t, g: t.reshape(n * g, -1)[index[g]])
 

@@ -27,7 +27,8 @@
 //
 // Built and loaded by ignis_kernels/cpu_native.py; registers torch.ops.ignis_cpu.decode_layers,
 // paged_decode_attention (the same attention alone, for steps that stay eager), quant_gemm
-// (one GEMM of quant_gemm.h) and top_k_rows (top_k.h: the LM head's candidates).
+// (one GEMM of quant_gemm.h), top_k_rows (top_k.h: the LM head's candidates) and q6_rows
+// (those candidates' exact weights where the head is Q6_K).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -1280,6 +1281,50 @@ at::Tensor quant_gemm_op(const at::Tensor& x, const at::Tensor& q, const std::op
   return y;
 }
 
+// Rows `ids` of a Q6_K weight in quant_gemm's kQ6 layout (nibbles [N, K/2], high bits
+// [N, K/32, 8], sixteens' scales [N, K/32, 2] int8, d [N, K/256] fp32) as fp32 [n, K]:
+// (d * sc) * (q - 32), Q6Linear.rows' values (the LM head's refined candidates: 512 rows of
+// 2048 at 64 sampling rows, ~6 ms through torch's ops).
+at::Tensor q6_rows(const at::Tensor& q, const at::Tensor& hb, const at::Tensor& sc, const at::Tensor& d,
+                   const at::Tensor& ids) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous() && q.size(1) % 128 == 0,
+              "q6_rows: nibbles must be contiguous uint8 [N, K/2], K a multiple of 256");
+  const int64_t N = q.size(0), K = 2 * q.size(1), G = K / qgemm::kGroup;
+  TORCH_CHECK(hb.scalar_type() == at::kByte && hb.is_contiguous() && hb.numel() == N * G * 8,
+              "q6_rows: high bits must be contiguous uint8 [N, K/32, 8]");
+  TORCH_CHECK(sc.scalar_type() == at::kChar && sc.is_contiguous() && sc.numel() == N * G * 2,
+              "q6_rows: scales must be contiguous int8 [N, K/32, 2]");
+  TORCH_CHECK(d.scalar_type() == at::kFloat && d.is_contiguous() && d.numel() == N * (G / 8),
+              "q6_rows: d must be contiguous fp32 [N, K/256]");
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "q6_rows: ids must be int64");
+  const at::Tensor rows = ids.contiguous();
+  const int64_t n = rows.numel();
+  const int64_t* id = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "q6_rows: id ", id[i], " out of [0, ", N, ")");
+  qgemm::Weights w{};
+  w.format = qgemm::kQ6, w.q = q.data_ptr<uint8_t>(), w.N = N, w.K = K;
+  w.hb = hb.data_ptr<uint8_t>(), w.sc = sc.data_ptr<int8_t>(), w.ds = d.data_ptr<float>();
+  at::Tensor out = at::empty({n, K}, q.options().dtype(at::kFloat));
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t u = w.unit(id[r], g);
+        const float dg = w.ds[w.super(id[r], g / 8)], s[2] = {dg * float(w.sc[2 * u]), dg * float(w.sc[2 * u + 1])};
+        const uint8_t *b = w.q + 16 * u, *h = w.hb + 8 * u;
+        float* o = y + r * K + g * qgemm::kGroup;
+        // byte i: elements 2i (low nibble) and 2i + 1; their high bits in byte i % 8 of h at
+        // 4 and 0 (i < 8) or 6 and 2 (i >= 8): Weights' kQ6 layout
+        for (int i = 0; i < 16; ++i) {
+          const int hi = h[i % 8] >> (2 * (i / 8));
+          o[2 * i] = s[i / 8] * float(((b[i] & 15) | (((hi >> 4) & 3) << 4)) - 32);
+          o[2 * i + 1] = s[i / 8] * float(((b[i] >> 4) | ((hi & 3) << 4)) - 32);
+        }
+      }
+  });
+  return out;
+}
+
 // Each row's k largest values of x [M, N] fp32 and their indices, sorted descending
 // (top_k.h): torch.topk's (values, indices) for k <= N, rows split over torch's threads.
 std::tuple<at::Tensor, at::Tensor> top_k_rows(const at::Tensor& x, int64_t k) {
@@ -1318,6 +1363,8 @@ TORCH_LIBRARY(ignis_cpu, m) {
       TORCH_FN(paged_decode_attention));
   m.def("quant_gemm_many_rows() -> int", TORCH_FN(many_rows_op));
   m.def("top_k_rows(Tensor x, int k) -> (Tensor, Tensor)", TORCH_FN(top_k_rows));
+  m.def("q6_rows(Tensor nibbles, Tensor high_bits, Tensor sixteens, Tensor supers, Tensor ids) -> Tensor",
+        TORCH_FN(q6_rows));
   m.def("quant_gemm(Tensor x, Tensor q, Tensor? qh, Tensor scales, int bits, Tensor? supers=None) -> Tensor",
         TORCH_FN(quant_gemm_op));
   m.def(

@@ -235,6 +235,11 @@ def test_q6_and_k_scale_gemms_are_the_file_weight_times_x(qtype: Q) -> None:
             op = Int5Linear(*decode_wide_int(raw, qtype, k), None, k_scales=decode_k_scales(raw, qtype, k))
             rtol = quant_gemm_rtol(5)
         assert torch.equal(op.widen(0, n, torch.float32), dense)
+        if qtype == Q.Q6_K:  # rows looked up (the op's q6_rows): the file's values, tail rows too
+            ids = torch.tensor([n - 1, 0, n // 2, n - 1])
+            assert torch.equal(op.rows(ids), dense[ids])
+            with pytest.raises(RuntimeError, match="out of"):
+                op.rows(torch.tensor([n]))
         eye = torch.eye(k)
         step = 8  # below the many-row body's rows (its 8-bit x rounds the identity's products)
         assert torch.equal(torch.cat([op(eye[i : i + step]) for i in range(0, k, step)]).t(), dense)
