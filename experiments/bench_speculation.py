@@ -26,7 +26,8 @@ checking drafts shows, not their gain).
 `--spec-type` at its defaults, and with none, greedy, 256 tokens, its own generation-only
 tok/s (timings.predicted_per_second) and draft counts. A fresh server per request: ngram-mod
 and ngram-cache learn from what a server generated before, and would be timed on an answer
-they had already seen.
+they had already seen. --llamacpp-repack off runs it without repacked weights (on a Xeon with
+AMX, 0.3.36's AMX tiles crash llama-server at start on SmolLM2's Q4_1 file).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="edit,grammar,chat", help="comma-separated: edit, grammar, chat")
     ap.add_argument("--llamacpp", default="", metavar="TYPES",
                     help="comma-separated llama-server --spec-type values to time on the edit (none is added)")
+    ap.add_argument("--llamacpp-repack", choices=["on", "off"], default="on",
+                    help="llama-server's weight repacking (its default: on; off where its AMX tiles crash it)")
     args = ap.parse_args()
     import torch
 
@@ -127,7 +130,7 @@ def main() -> None:
 
         gguf = args.gguf.resolve() if args.gguf else smollm2_gguf_path()
         types = ["none"] + [t for t in args.llamacpp.split(",") if t != "none"]
-        theirs = llamacpp_edit(gguf, edit, 256, types, args.rounds, args.threads)
+        theirs = llamacpp_edit(gguf, edit, 256, types, args.rounds, args.threads, args.llamacpp_repack == "on")
         mine = statistics.median(rates[("edit", "on")]) if ("edit", "on") in rates else None
         plain = statistics.median(theirs["none"][0])
         print("\n| llama.cpp on the edit | tok/s | / its none | drafts checked | kept | ignis ngram / this |")
@@ -142,7 +145,7 @@ def main() -> None:
 
 
 def llamacpp_edit(gguf: Path, prompt: list[int], n: int, types: list[str], rounds: int,
-                  threads: int) -> dict[str, tuple[list[float], list[int]]]:
+                  threads: int, repack: bool = True) -> dict[str, tuple[list[float], list[int]]]:
     """Per --spec-type: llama-server's generation tok/s over `rounds` fresh servers, and the
     draft tokens it checked and kept in all."""
     from experiments.bench_vs_llamacpp import LlamaServer, build_llamacpp
@@ -151,7 +154,8 @@ def llamacpp_edit(gguf: Path, prompt: list[int], n: int, types: list[str], round
     out: dict[str, tuple[list[float], list[int]]] = {t: ([], [0, 0]) for t in types}
     for r in range(rounds):
         for t in types:
-            server = LlamaServer(gguf, threads, extra=[] if t == "none" else ["--spec-type", t])
+            extra = ([] if repack else ["-nr"]) + ([] if t == "none" else ["--spec-type", t])
+            server = LlamaServer(gguf, threads, extra=extra)
             try:
                 timings = server.completion({"prompt": prompt, "n_predict": n, "ignore_eos": True,
                                              "temperature": 0})["timings"]

@@ -15,6 +15,10 @@ and llama-server with -DGGML_NATIVE=ON under `nice -n 19` with -j2 (~11-60 minut
 second tree for CPUs without AVX-512 (GGML_NATIVE off, AVX2/FMA/F16C on, every AVX-512
 and VNNI extension off); --cpu-caps sets IGNIS_CPU_CAPS for ignis (in this process and the
 servers it starts), so the two run the same instruction tier. The table says which.
+--llamacpp-repack off runs every llama.cpp tool without its repacked weights (`--repack 0`,
+`-nr`): on a Xeon with AMX, 0.3.36 repacks Q4_K / Q6_K / Q4_1 into AMX tiles by default, and
+with them llama-batched-bench dies of SIGSEGV at 16 and 64 sequences and llama-server at start
+on some files (2026-12-06); its batch 1 read the same either way there.
 
 Measured, alternating the two engines where it matters (a shared machine only slows):
   decode, batch 1      llama-bench tg128, one repetition | ignis engine, 128 tokens, 1 sequence;
@@ -73,6 +77,9 @@ BUILDS = {
                    "-DGGML_AVX_VNNI=OFF"],
 }
 TEXT = Path(__file__).with_name("perplexity_text.txt")
+# llama.cpp repacks weights for the CPU's own kernels by default (on AMX CPUs into AMX tiles);
+# --llamacpp-repack off turns that off in every tool (llama-bench's --repack 0, the others' -nr).
+REPACK = True
 
 
 def log(msg: str) -> None:
@@ -124,16 +131,26 @@ def post(url: str, body: dict, timeout: float = 900) -> dict:
         return json.loads(r.read())
 
 
+def bench_repack() -> list[str]:
+    return [] if REPACK else ["--repack", "0"]
+
+
+def no_repack() -> list[str]:
+    return [] if REPACK else ["-nr"]
+
+
 def llama_bench_tg(gguf: Path, threads: int, reps: int = 3) -> float:
     out = subprocess.run([str(BIN / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "128",
-                          "-r", str(reps), "-o", "json"], capture_output=True, text=True, check=True).stdout
+                          "-r", str(reps), "-o", "json", *bench_repack()], capture_output=True, text=True,
+                         check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
 def llama_bench_depth(gguf: Path, threads: int, depth: int) -> float:
     """Batch-1 decode tok/s of 64 tokens after `depth` tokens of context."""
     out = subprocess.run([str(BIN / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", "64",
-                          "-d", str(depth), "-r", "2", "-o", "json"], capture_output=True, text=True, check=True).stdout
+                          "-d", str(depth), "-r", "2", "-o", "json", *bench_repack()], capture_output=True, text=True,
+                         check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
@@ -142,7 +159,11 @@ def llama_batched(gguf: Path, threads: int, npl: int, ntg: int) -> float:
     ctx = npl * (40 + ntg) + 64
     out = subprocess.run([str(BIN / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
                           "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", "40", "-ntg", str(ntg), "-npl", str(npl),
-                          "--output-format", "jsonl"], capture_output=True, text=True, check=True)
+                          "--output-format", "jsonl", *no_repack()], capture_output=True, text=True)
+    if out.returncode < 0 and REPACK:  # 0.3.36's AMX tiles (a Xeon with AMX, 2026-12-06): SIGSEGV at 16 and 64
+        raise RuntimeError(f"llama-batched-bench died of signal {-out.returncode} with repacked weights; "
+                           "--llamacpp-repack off runs llama.cpp without them")
+    out.check_returncode()
     rows = [json.loads(line) for line in (out.stdout + out.stderr).splitlines() if line.startswith('{"n_kv_max"')]
     return float(rows[-1]["speed_tg"])
 
@@ -152,11 +173,13 @@ class LlamaServer:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [str(BIN / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(ctx),
-             "-np", str(parallel), "--port", str(self.port), "--host", "127.0.0.1", *extra],
+             "-np", str(parallel), "--port", str(self.port), "--host", "127.0.0.1", *no_repack(), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:  # e.g. SIGSEGV with repacked (AMX) weights: -nr / --llamacpp-repack off
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode} before it served")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
@@ -350,9 +373,13 @@ def main() -> None:
     ap.add_argument("--weight-form", default="auto", help="ignis's model.weight_form for the decode rows")
     ap.add_argument("--llamacpp-build", choices=sorted(BUILDS), default="build",
                     help="llama.cpp's build tree: the host's instructions, or build-avx2 (nothing above AVX2)")
+    ap.add_argument("--llamacpp-repack", choices=["on", "off"], default="on",
+                    help="llama.cpp's weight repacking for the CPU (its default: on; AMX tiles where the CPU has AMX)")
     ap.add_argument("--cpu-caps", choices=["avx512", "avx2", "portable"], default=None,
                     help="IGNIS_CPU_CAPS for ignis (this process and its servers)")
     args = ap.parse_args()
+    global REPACK
+    REPACK = args.llamacpp_repack == "on"
     build_llamacpp(tree=args.llamacpp_build)
     if args.build_only:
         return
@@ -365,7 +392,7 @@ def main() -> None:
 
     from ignis_kernels import cpu_platform  # (importing kernels applies the cap)
 
-    log(f"ignis: {cpu_platform.current().describe()}; llama.cpp: {args.llamacpp_build}")
+    log(f"ignis: {cpu_platform.current().describe()}; llama.cpp: {args.llamacpp_build}, repack {args.llamacpp_repack}")
 
     torch.set_num_threads(args.threads)
     from experiments.serving import ServerProcess
@@ -458,7 +485,7 @@ def main() -> None:
     print(f"file: {gguf.name}, {gguf.stat().st_size / 1e9:.2f} GB, {per_token / 1e9:.3f} GB of weights per token; "
           f"memory: copy {copy_bw:.1f} GB/s, read {read_bw:.1f} GB/s")
     print(f"ignis: {cpu_platform.current().describe()}")
-    print(f"llama.cpp: {args.llamacpp_build} ({' '.join(BUILDS[args.llamacpp_build])})")
+    print(f"llama.cpp: {args.llamacpp_build} ({' '.join(BUILDS[args.llamacpp_build])}), repack {args.llamacpp_repack}")
     try:
         plot(args.png, decode, prefill, depth)
         print(f"plot: {args.png}")

@@ -108,6 +108,9 @@ def main() -> None:
     print(f"measured ({args.threads} threads): off {N / t_off:.1f} tok/s, on {N / t_on:.1f} tok/s "
           f"({t_off / t_on:.2f}x; {steps} steps, {drafted} drafted, {kept} kept); "
           f"a drafted row costs c = {c:.2f} of a one-row step")
+    replayed = replay(prompt, out, args.tokens[0], oracle=False)
+    if replayed != (steps, drafted, kept):  # the replay stands for the engine only where it agrees
+        print(f"warning: the engine's policy replayed gives {replayed}, the engine {(steps, drafted, kept)}")
     print("\n| drafting | draft tokens | steps | drafted | kept | on / off at c | c for 2x |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for k in args.tokens:
