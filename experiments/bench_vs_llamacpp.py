@@ -17,8 +17,9 @@ and VNNI extension off); --cpu-caps sets IGNIS_CPU_CAPS for ignis (in this proce
 servers it starts), so the two run the same instruction tier. The table says which.
 --llamacpp-repack off runs every llama.cpp tool without its repacked weights (`--repack 0`,
 `-nr`): on a Xeon with AMX, 0.3.36 repacks Q4_K / Q6_K / Q4_1 into AMX tiles by default, and
-with them llama-batched-bench dies of SIGSEGV at 16 and 64 sequences and llama-server at start
-on some files (2026-12-06); its batch 1 read the same either way there.
+with them llama-batched-bench dies (SIGSEGV, SIGILL) at 16 and 64 sequences, llama-server at
+start on SmolLM2's file, llama-bench at a 2k depth (2026-12-06); its empty-context batch 1
+runs with them (on the Q4_K_M files about as fast as without, on SmolLM2's Q4_1 2.4x faster).
 
 Measured, alternating the two engines where it matters (a shared machine only slows):
   decode, batch 1      llama-bench tg128, one repetition | ignis engine, 128 tokens, 1 sequence;
@@ -160,7 +161,7 @@ def llama_batched(gguf: Path, threads: int, npl: int, ntg: int) -> float:
     out = subprocess.run([str(BIN / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
                           "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", "40", "-ntg", str(ntg), "-npl", str(npl),
                           "--output-format", "jsonl", *no_repack()], capture_output=True, text=True)
-    if out.returncode < 0 and REPACK:  # 0.3.36's AMX tiles (a Xeon with AMX, 2026-12-06): SIGSEGV at 16 and 64
+    if out.returncode < 0 and REPACK:  # 0.3.36's AMX tiles (a Xeon with AMX, 2026-12-06): SIGSEGV / SIGILL
         raise RuntimeError(f"llama-batched-bench died of signal {-out.returncode} with repacked weights; "
                            "--llamacpp-repack off runs llama.cpp without them")
     out.check_returncode()
