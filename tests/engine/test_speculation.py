@@ -51,7 +51,21 @@ def test_index_fed_incrementally_equals_one_built_at_once() -> None:
     grown = NgramIndex(4, 1)
     for end in range(1, len(tokens) + 1):
         fresh = NgramIndex(4, 1)
-        assert grown.propose(tokens[:end], 5) == fresh.propose(tokens[:end], 5), end
+        assert grown.propose(tokens[:end], 5, follow=False) == fresh.propose(tokens[:end], 5), end
+
+
+def test_index_follows_the_source_a_copy_is_going_on_from() -> None:
+    """A rewrite copying lines 0-11 in order: after "1 2 3 4", the latest occurrence of
+    "1 2 3 4" is the later line (then 8), but the copy was going on from the first (then 5)."""
+    #             0  1  2  3  4  5  6  7  8  9 10 11
+    source = [0, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 8]
+    out = [0, 1, 2, 3]  # the copy so far
+    index = NgramIndex(max_n=4, min_n=2)
+    assert index.propose(source + out[:2], 2) == [2, 3]  # "0 1" last seen at the start: copy from 2
+    assert NgramIndex(4, 2).propose(source + out + [4], 3) == [8, 0, 1]  # no history: the latest "1 2 3 4"
+    assert index.propose(source + out + [4], 3) == [5, 6, 1]  # followed the copy: its next tokens
+    assert index.propose(source + out + [4], 3, follow=False) == [8, 0, 1]
+    assert index.propose(source + out + [4, 9], 3) == []  # it went elsewhere: lookups again ("4 9" unseen)
 
 
 def test_drafter_refuses_rows_whose_sampling_reads_the_output(tiny: LoadedModel) -> None:
