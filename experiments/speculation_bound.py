@@ -9,7 +9,8 @@ fraction c of a plain one-row step: t_on = t_row * (steps + c * drafted). Then r
 on the recorded output, where a step of k drafted tokens keeps the prefix that matches and
 adds one sampled token:
   engine   NgramIndex with the drafter's lengths (ignis/engine/speculation.py: one longer
-           than the last draft kept, waits after drafts that kept nothing)
+           than the last draft kept, or whole while the tokens follow the last draft's
+           source; waits after drafts that kept nothing)
   oracle   every earlier occurrence of the last two tokens tried, the one whose continuation
            matches longest drafted, always num_tokens long: no n-gram drafter keeps more
 Each line: steps, rows drafted, tokens kept, the speedup t_off / t_on that the measured c gives,
@@ -40,7 +41,8 @@ def replay(prompt: list[int], out: list[int], k_max: int, oracle: bool) -> tuple
     length, backoff, wait = k_max, 0, 0
     while i < N:
         tokens = prompt + out[:i]
-        k = min(k_max if oracle else length, N - i - 1)
+        following = not oracle and index.following(tokens)  # the drafter's whole drafts along a copy
+        k = min(k_max if oracle or following else length, N - i - 1)
         draft: list[int] = []
         if wait:
             wait -= 1

@@ -70,6 +70,11 @@ class NgramIndex:
         self._source = (start, len(tokens))
         return list(tokens[start : start + k])
 
+    def following(self, tokens: Sequence[int]) -> bool:
+        """Whether the next proposal continues the last one's source (the copy goes on)."""
+        self.extend(tokens)
+        return self._continued(tokens) is not None
+
     def _continued(self, tokens: Sequence[int]) -> int | None:
         """The last proposal's source position moved on by the tokens added since, if the
         last max_n tokens equal the max_n before it (and it lies before the end)."""

@@ -26,13 +26,16 @@ compute-bound and attention paid per row: experiments/RESULTS.md, 2026-12-05), s
 sequence's draft length follows what it has kept: the next draft is one token longer than
 the last one's kept part, up to `num_tokens`, and after a draft kept nothing the sequence
 waits 1, 2, 4 ... (at most MAX_BACKOFF) steps before it drafts again (chat text, which
-seldom repeats itself, then drafts rarely; a file being rewritten keeps long drafts).
+seldom repeats itself, then drafts rarely; a file being rewritten keeps long drafts). While
+the tokens follow the copy the last draft came from (ignis/engine/ngram.py), the draft is
+`num_tokens` long whatever the last one kept: the copy has just been seen to go on (SmolLM2's
+agent edit, replayed: 63 -> 54 steps for its 256 tokens).
 
 A mixture of experts pays more for a draft row: each row routes to experts of its own, so a
 step of 1 + k rows reads up to k more experts' weights (on gpt-oss-20b's shape a failed draft
 token cost about a whole step: RESULTS.md, 2026-12-03). There (`for_mixture`) a sequence's
-first draft is one token, growing only by what it keeps, and its waits go up to
-MIXTURE_MAX_BACKOFF.
+first draft is one token, growing only by what it keeps, also while it follows a copy, and
+its waits go up to MIXTURE_MAX_BACKOFF.
 """
 
 from __future__ import annotations
@@ -48,9 +51,11 @@ MIXTURE_MAX_BACKOFF = 64
 
 class NgramDrafter:
     def __init__(self, num_tokens: int = 8, *, max_n: int = 4, min_n: int = 2, max_seqs: int = 4,
-                 first_tokens: int | None = None, max_backoff: int = MAX_BACKOFF) -> None:
+                 first_tokens: int | None = None, max_backoff: int = MAX_BACKOFF, whole_when_following: bool = True
+                 ) -> None:
         """first_tokens: a sequence's first draft length (None: num_tokens); max_backoff: the
-        longest wait after drafts that kept nothing."""
+        longest wait after drafts that kept nothing; whole_when_following: num_tokens while the
+        tokens follow the last draft's source."""
         if num_tokens < 1:
             raise ValueError(f"engine.num_speculative_tokens must be at least 1, got {num_tokens}")
         if not 1 <= min_n <= max_n:
@@ -60,11 +65,12 @@ class NgramDrafter:
         self.num_tokens, self.max_n, self.min_n, self.max_seqs = num_tokens, max_n, min_n, max_seqs
         self.first_tokens = min(num_tokens, first_tokens or num_tokens)
         self.max_backoff = max_backoff
+        self.whole_when_following = whole_when_following
 
     @classmethod
     def for_mixture(cls, num_tokens: int = 8, **kwargs: int) -> NgramDrafter:
         """The drafter for a mixture of experts (see the module's docstring)."""
-        return cls(num_tokens, first_tokens=1, max_backoff=MIXTURE_MAX_BACKOFF, **kwargs)
+        return cls(num_tokens, first_tokens=1, max_backoff=MIXTURE_MAX_BACKOFF, whole_when_following=False, **kwargs)
 
     @staticmethod
     def eligible(seq: Sequence) -> bool:
@@ -81,11 +87,14 @@ class NgramDrafter:
         if seq.draft_wait > 0:
             seq.draft_wait -= 1
             return []
-        k = min(seq.draft_len or self.first_tokens, room, seq.max_tokens - seq.num_output_tokens - 1)
-        if k <= 0:
-            return []
         if seq.ngram is None:
             seq.ngram = NgramIndex(self.max_n, self.min_n)
+        length = seq.draft_len or self.first_tokens
+        if self.whole_when_following and seq.ngram.following(seq.token_ids):
+            length = self.num_tokens
+        k = min(length, room, seq.max_tokens - seq.num_output_tokens - 1)
+        if k <= 0:
+            return []
         draft = seq.ngram.propose(seq.token_ids, k)
         if draft and seq.grammar is not None:
             draft = draft[: seq.grammar.valid_prefix(draft)]  # up to the first token it refuses

@@ -106,6 +106,25 @@ def test_a_mixtures_drafts_start_at_one_token_and_grow_by_what_is_kept(tiny: Loa
     assert seq.draft_wait == MIXTURE_MAX_BACKOFF
 
 
+def test_a_draft_that_follows_its_copy_is_whole(tiny: LoadedModel) -> None:
+    """Once the tokens have followed the last draft's source, the next draft is num_tokens
+    long whatever the last one kept (a mixture's keeps its kept rule); tokens that leave the
+    copy go back to lookups."""
+    engine = make(tiny, **SPEC)
+    engine.add_request("a", repetitive(tiny, 4), SamplingParams.greedy(30))
+    seq = engine.seqs["a"]
+    drafter = NgramDrafter(6)
+    draft = drafter(seq, 100, 1)
+    assert len(draft) == 6
+    drafter.observe(seq, 6, 1)  # kept one: the kept rule says two next
+    seq.token_ids += draft[:2]  # the kept token, and a sampled one equal to the draft's next
+    assert NgramDrafter.for_mixture(6)(seq, 100, 1) == draft[2:4]
+    following = drafter(seq, 100, 1)
+    assert len(following) == 6 and following[:4] == draft[2:]
+    seq.token_ids.append(-1)  # off the copy (an id found nowhere): no source, no lookup
+    assert drafter(seq, 100, 1) == []
+
+
 # -- exactness ----------------------------------------------------------------------------
 
 
