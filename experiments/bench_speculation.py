@@ -154,8 +154,7 @@ def llamacpp_edit(gguf: Path, prompt: list[int], n: int, types: list[str], round
     out: dict[str, tuple[list[float], list[int]]] = {t: ([], [0, 0]) for t in types}
     for r in range(rounds):
         for t in types:
-            extra = ([] if repack else ["-nr"]) + ([] if t == "none" else ["--spec-type", t])
-            server = LlamaServer(gguf, threads, extra=extra)
+            server = LlamaServer(gguf, threads, extra=[] if t == "none" else ["--spec-type", t], repack=repack)
             try:
                 timings = server.completion({"prompt": prompt, "n_predict": n, "ignore_eos": True,
                                              "temperature": 0})["timings"]

@@ -136,8 +136,9 @@ def bench_repack() -> list[str]:
     return [] if REPACK else ["--repack", "0"]
 
 
-def no_repack() -> list[str]:
-    return [] if REPACK else ["-nr"]
+def no_repack(repack: bool | None = None) -> list[str]:
+    """llama-server's and llama-batched-bench's flag for `repack` (None: --llamacpp-repack's)."""
+    return [] if (REPACK if repack is None else repack) else ["-nr"]
 
 
 def llama_bench_tg(gguf: Path, threads: int, reps: int = 3) -> float:
@@ -170,11 +171,12 @@ def llama_batched(gguf: Path, threads: int, npl: int, ntg: int) -> float:
 
 
 class LlamaServer:
-    def __init__(self, gguf: Path, threads: int, ctx: int = 8192, parallel: int = 1, extra: Sequence[str] = ()) -> None:
+    def __init__(self, gguf: Path, threads: int, ctx: int = 8192, parallel: int = 1, extra: Sequence[str] = (),
+                 repack: bool | None = None) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [str(BIN / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(ctx),
-             "-np", str(parallel), "--port", str(self.port), "--host", "127.0.0.1", *no_repack(), *extra],
+             "-np", str(parallel), "--port", str(self.port), "--host", "127.0.0.1", *no_repack(repack), *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 300

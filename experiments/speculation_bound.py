@@ -8,8 +8,8 @@ Decodes bench_speculation.py's edit (SmolLM2, 256 greedy tokens) with speculatio
 fraction c of a plain one-row step: t_on = t_row * (steps + c * drafted). Then replays drafting
 on the recorded output, where a step of k drafted tokens keeps the prefix that matches and
 adds one sampled token:
-  engine   NgramIndex with the drafter's lengths (ignis/engine/speculation.py: one longer
-           than the last draft kept, or whole while the tokens follow the last draft's
+  engine   the engine's NgramDrafter itself on a Sequence (ignis/engine/speculation.py: one
+           longer than the last draft kept, or whole while the tokens follow the last draft's
            source; waits after drafts that kept nothing)
   oracle   every earlier occurrence of the last two tokens tried, the one whose continuation
            matches longest drafted, always num_tokens long: no n-gram drafter keeps more
@@ -30,31 +30,29 @@ sys.path.insert(0, str(ROOT))
 N = 256
 
 
-def replay(prompt: list[int], out: list[int], k_max: int, oracle: bool) -> tuple[int, int, int]:
+def replay(prompt: list[int], out: list[int], k_max: int, oracle: bool, tokenizer: object) -> tuple[int, int, int]:
     """(steps, tokens drafted, tokens kept) decoding `out` after `prompt` with drafts of at
-    most k_max tokens."""
-    from ignis.engine.ngram import NgramIndex
-    from ignis.engine.speculation import MAX_BACKOFF
+    most k_max tokens: the engine's own NgramDrafter on a Sequence, or the oracle."""
+    from ignis.engine import SamplingParams
+    from ignis.engine.sequence import Sequence
+    from ignis.engine.speculation import NgramDrafter
+    from ignis.engine.stop import TextStream
 
-    index = NgramIndex(4, 2)
+    seq = Sequence("replay", prompt, SamplingParams.greedy(N, ignore_eos=True), seed=0, max_tokens=N,
+                   text=TextStream(tokenizer))
+    drafter = NgramDrafter(k_max)
     i = steps = drafted = kept_all = 0
-    length, backoff, wait = k_max, 0, 0
     while i < N:
-        tokens = prompt + out[:i]
-        following = not oracle and index.following(tokens)  # the drafter's whole drafts along a copy
-        k = min(k_max if oracle or following else length, N - i - 1)
-        draft: list[int] = []
-        if wait:
-            wait -= 1
-        elif k > 0:
-            draft = best_continuation(tokens, out[i:], k) if oracle else index.propose(tokens, k)
+        if oracle:
+            draft = best_continuation(seq.token_ids, out[i:], min(k_max, N - i - 1))
+        else:
+            draft = drafter(seq, k_max, 1)
         kept = 0
         while kept < len(draft) and draft[kept] == out[i + kept]:
             kept += 1
-        if draft and not oracle:  # NgramDrafter.observe's lengths and waits
-            length = min(k_max, kept + 1)
-            backoff = 0 if kept else min(MAX_BACKOFF, 2 * backoff or 1)
-            wait = 0 if kept else backoff
+        if draft and not oracle:
+            drafter.observe(seq, len(draft), kept)
+        seq.token_ids += out[i : i + kept + 1]
         steps, drafted, kept_all, i = steps + 1, drafted + len(draft), kept_all + kept, i + kept + 1
     return steps, drafted, kept_all
 
@@ -110,14 +108,14 @@ def main() -> None:
     print(f"measured ({args.threads} threads): off {N / t_off:.1f} tok/s, on {N / t_on:.1f} tok/s "
           f"({t_off / t_on:.2f}x; {steps} steps, {drafted} drafted, {kept} kept); "
           f"a drafted row costs c = {c:.2f} of a one-row step")
-    replayed = replay(prompt, out, args.tokens[0], oracle=False)
+    replayed = replay(prompt, out, args.tokens[0], False, loaded.tokenizer)
     if replayed != (steps, drafted, kept):  # the replay stands for the engine only where it agrees
         print(f"warning: the engine's policy replayed gives {replayed}, the engine {(steps, drafted, kept)}")
     print("\n| drafting | draft tokens | steps | drafted | kept | on / off at c | c for 2x |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for k in args.tokens:
         for name, oracle in (("engine", False), ("oracle n-gram", True)):
-            s, d, a = replay(prompt, out, k, oracle)
+            s, d, a = replay(prompt, out, k, oracle, loaded.tokenizer)
             print(f"| {name} | {k} | {s} | {d} | {a} | {N / (s + c * d):.2f}x | {(N / 2 - s) / d:.2f} |")
 
 

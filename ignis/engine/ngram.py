@@ -59,16 +59,21 @@ class NgramIndex:
         if k <= 0:
             return []
         start = self._continued(tokens) if follow else None
-        for n in range(self.max_n, self.min_n - 1, -1):
-            if start is not None:
-                break
-            end = self._prev[n]
-            if end is not None:
-                start = end + 1
+        if start is None:
+            start = self._latest()
         if start is None:
             return []
         self._source = (start, len(tokens))
         return list(tokens[start : start + k])
+
+    def _latest(self) -> int | None:
+        """Where the tokens after the last n tokens' latest earlier occurrence start, the
+        longest n that has one."""
+        for n in range(self.max_n, self.min_n - 1, -1):
+            end = self._prev[n]
+            if end is not None:
+                return end + 1
+        return None
 
     def following(self, tokens: Sequence[int]) -> bool:
         """Whether the next proposal continues the last one's source (the copy goes on)."""
