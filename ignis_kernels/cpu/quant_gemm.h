@@ -94,8 +94,24 @@
 #endif
 #endif
 
+// AMX's tile body for many rows of Q4_K (quant_gemm_amx.h): only where the compiler targets
+// AMX-INT8 (the host's own -march=native), used where the kernel grants the tiles.
+#ifndef IGNIS_QGEMM_AMX
+#if IGNIS_QGEMM_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define IGNIS_QGEMM_AMX 1
+#else
+#define IGNIS_QGEMM_AMX 0
+#endif
+#endif
+
 #if IGNIS_QGEMM_AVX512 || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if IGNIS_QGEMM_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #endif
 
 namespace qgemm {
@@ -933,7 +949,11 @@ inline void run(const Weights& w, const float* x, int64_t T, float* y) {
 #if IGNIS_QGEMM_MANY
   if constexpr (F == kQ4 || F == kQ6) {
     if (many_rows(w, T)) {  // whole blocks of eight rows there; a tail of N % 8 rows below
+#if IGNIS_QGEMM_AMX
+      const Split8 x8(x, T, w.K, F, F == kQ4 && T >= 16 && w.N >= 16 && amx_ready());
+#else
       const Split8 x8(x, T, w.K, F);
+#endif
       const int64_t blocks = w.N / 8, tail = blocks * 8;
       // spans of blocks the body takes together (VNNI: pairs, many16_vnni), whatever the
       // threads' split: a row's sums never depend on the step's row count

@@ -62,6 +62,11 @@ struct Split8 {
   std::vector<float> sums;  // kQ4
   std::vector<int16_t> bias;
   std::vector<int32_t> bias32;
+  // with planes (many16_amx): q << (shift - e) as hi * 128 + lo, hi signed and lo unsigned, each
+  // by tiles: sixteen rows of x by a pair of groups, 1 KB (tile(t, g): rows 64 B apart)
+  std::vector<int8_t> xh;
+  std::vector<uint8_t> xl;
+  int64_t tile(int64_t t, int64_t g) const { return ((t / 16 * (G / 2) + g / 2) * 16 + t % 16) * 64 + g % 2 * 32; }
   int64_t T, K, G, S, ld;
 
   // Rows of x are ld groups apart: two more than G, so that a power-of-two K does not put
@@ -69,7 +74,8 @@ struct Split8 {
   // of the first-level cache (a 2048 x 8192 Q4_K GEMM at 64 rows: 8.1 -> 7.3-7.5 ms).
   int64_t at(int64_t t, int64_t g) const { return t * ld + g; }
 
-  Split8(const float* x, int64_t T_, int64_t K_, Format f) : T(T_), K(K_), G(K_ / kGroup), S(K_ / kSuper), ld(G + 2) {
+  Split8(const float* x, int64_t T_, int64_t K_, Format f, bool planes = false)
+      : T(T_), K(K_), G(K_ / kGroup), S(K_ / kSuper), ld(G + 2) {
     const int shift = many_shift(f);
     const int64_t TG = T * ld;
     q.resize(TG * 32);
@@ -78,6 +84,7 @@ struct Split8 {
     else up.resize(TG);
     if (f == kQ6) IGNIS_QGEMM_VNNI ? (bias32.resize(TG * 4), bias16.resize(TG * 2)) : bias.resize(TG * 8);
     else sums.resize(TG);
+    if (planes) xh.resize((T + 15) / 16 * 16 * K), xl.resize((T + 15) / 16 * 16 * K);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     const auto largest = [&](const float* v, int n) {
@@ -120,6 +127,14 @@ struct Split8 {
           // packs works per 128-bit lane: [evens | odds] of 16, then all 16 evens | all 16 odds
           const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(q.data() + tg * kGroup), b);
+#if IGNIS_QGEMM_AMX
+          if (planes) {
+            const __m512i full = _mm512_sll_epi16(_mm512_cvtepi8_epi16(b), _mm_cvtsi32_si128(shift - e));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(xh.data() + tile(t, g)), _mm512_cvtepi16_epi8(_mm512_srai_epi16(full, 7)));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(xl.data() + tile(t, g)),
+                                _mm512_cvtepi16_epi8(_mm512_and_si512(full, _mm512_set1_epi16(127))));
+          }
+#endif
           int32_t eights[4];
           for (int k = 0; k < 4; ++k) eights[k] = _mm_cvtsi128_si32(s8[k]);
           if (f == kQ6) {
@@ -319,11 +334,14 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
 }
 
 // many_offsets for two blocks of eight rows (n0 and n0 + 8) at once, a row a lane of one
-// 512-bit register: each lane's arithmetic is many_offsets' own, in the same order. Rows of x
-// sixteen at a time, their sums over super-blocks in offsets itself: at TB 32 the registers
-// would not hold both (gcc spilled: ~7% of the Q4_K body at 64 rows).
+// 512-bit register: each lane's arithmetic is many_offsets' own, in the same order. Super-block
+// j's terms added to offsets (j 0: set), rows of x sixteen at a time, their sums in offsets
+// itself: at TB 32 the registers would not hold both (gcc spilled: ~7% of the Q4_K body at 64
+// rows). A super-block a call, and rows [r0, r1) of x only (multiples of 16) where asked, so
+// that many16_amx can spread them between its tile products.
 template <int TB>
-inline void many_offsets16(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float (&offsets)[TB][16]) {
+inline void many_offsets16_at(const Weights& w, const Split8& x, int64_t n0, int64_t t0, int64_t j, float (&offsets)[TB][16],
+                              int r0 = 0, int r1 = TB) {
   constexpr int TC = TB < 16 ? TB : 16;
   static_assert(TB % TC == 0);
   const int64_t S = x.S;
@@ -331,20 +349,27 @@ inline void many_offsets16(const Weights& w, const Split8& x, int64_t n0, int64_
   const float *sa = w.ds + 2 * w.super(n0, 0), *sb = w.ds + 2 * w.super(n0 + 8, 0);
   const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const auto bytes16 = [](const void* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-  for (int tc = 0; tc < TB; tc += TC)  // (offsets start at the first super-block: no memset)
-    for (int64_t j = 0; j < S; ++j) {
-      __m512 acc[TC];
-      for (int t = 0; t < TC; ++t) acc[t] = _mm512_setzero_ps();
-      for (int gi = 0; gi < 8; ++gi) {
-        const int64_t g = 8 * j + gi;
-        const __m512 m = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(bytes16(pa + 16 * g), odds, bytes16(pb + 16 * g)));
-        for (int t = 0; t < TC; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sums[x.at(t0 + tc + t, g)]), acc[t]);
-      }
-      const __m512 dmin = _mm512_permutex2var_ps(_mm512_loadu_ps(sa + 16 * j), odds, _mm512_loadu_ps(sb + 16 * j));
-      for (int t = 0; t < TC; ++t)
-        _mm512_store_ps(offsets[tc + t], _mm512_fmadd_ps(acc[t], _mm512_mul_ps(dmin, _mm512_set1_ps(x.d[(t0 + tc + t) * S + j])),
-                                                         j ? _mm512_load_ps(offsets[tc + t]) : _mm512_setzero_ps()));
-    }
+  __m512 m[8];
+  for (int gi = 0; gi < 8; ++gi) {
+    const int64_t g = 8 * j + gi;
+    m[gi] = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(bytes16(pa + 16 * g), odds, bytes16(pb + 16 * g)));
+  }
+  const __m512 dmin = _mm512_permutex2var_ps(_mm512_loadu_ps(sa + 16 * j), odds, _mm512_loadu_ps(sb + 16 * j));
+  for (int tc = r0; tc < r1; tc += TC) {
+    __m512 acc[TC];
+    for (int t = 0; t < TC; ++t) acc[t] = _mm512_setzero_ps();
+    for (int gi = 0; gi < 8; ++gi)
+      for (int t = 0; t < TC; ++t) acc[t] = _mm512_fmadd_ps(m[gi], _mm512_set1_ps(x.sums[x.at(t0 + tc + t, 8 * j + gi)]), acc[t]);
+    for (int t = 0; t < TC; ++t)
+      _mm512_store_ps(offsets[tc + t], _mm512_fmadd_ps(acc[t], _mm512_mul_ps(dmin, _mm512_set1_ps(x.d[(t0 + tc + t) * S + j])),
+                                                       j ? _mm512_load_ps(offsets[tc + t]) : _mm512_setzero_ps()));
+  }
+  (void)S;
+}
+
+template <int TB>
+inline void many_offsets16(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float (&offsets)[TB][16]) {
+  for (int64_t j = 0; j < x.S; ++j) many_offsets16_at<TB>(w, x, n0, t0, j, offsets);
 }
 
 // vpdpbusd of w's bytes and the four signed bytes at x broadcast to every lane: the broadcast
@@ -437,14 +462,19 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
           // each row's sc (the even bytes of its (sc, m) pairs)
           const __m512i sc = _mm512_permutex2var_epi32(_mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ua + 8 * g))), evens,
                                                        _mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ub + 8 * g))));
-          const __m512i sc2 = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
+          // sc shifted by each power x may bring (0 .. 7), in each lane's low int16 (the high
+          // one zero): a row of x picks its own from memory
+          alignas(64) __m512i shifted[8];
+          for (int u = 0; u < 8; ++u) shifted[u] = _mm512_slli_epi32(sc, u);
           for (int t = 0; t < TB; ++t) {
             const int64_t tg = x.at(t0 + t, g);
             const int32_t* xq = reinterpret_cast<const int32_t*>(x.q.data() + 32 * tg);
             __m512i se = _mm512_setzero_si512(), so = _mm512_setzero_si512();
             for (int k = 0; k < 4; ++k) se = dpbusd_x4(se, wq[k], xq + k), so = dpbusd_x4(so, wq[4 + k], xq + 4 + k);
-            const __m512i both = _mm512_mask_blend_epi16(__mmask32(0xAAAAAAAA), se, _mm512_slli_epi32(so, 16));
-            acc[t] = _mm512_dpwssd_epi32(first ? zero : acc[t], both, _mm512_sllv_epi16(sc2, _mm512_set1_epi16(int16_t(x.up32[tg]))));
+            // each half's sum (|s| < 2^15: its high int16 only the sign) times the scale's
+            // low int16, the high one times zero
+            const __m512i scu = shifted[x.up32[tg]];
+            acc[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(first ? zero : acc[t], se, scu), so, scu);
           }
         } else {
           // each row's two sixteens' scales: quads 0, 1 of the even and odd elements hold the
@@ -473,6 +503,9 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
     for (int r = 0; r < 16; ++r)
       y[(t0 + t) * w.stride() + n0 + r] = F == kQ4 ? f[t][r] + offsets[t][r] : f[t][r];
 }
+#if IGNIS_QGEMM_AMX
+#include "quant_gemm_amx.h"
+#endif
 #endif
 
 // Rows [n0, n1) (whole blocks of eight, from an even block with VNNI: pairs of blocks take
@@ -492,6 +525,19 @@ inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t 
 #if IGNIS_QGEMM_VNNI
 #define IGNIS_MANY many_vnni
       if (n + 16 <= n1) {  // two blocks at once
+#if IGNIS_QGEMM_AMX
+        if (F == kQ4 && !x.xh.empty()) {  // whole sixteens of rows of x through the tiles
+          if constexpr (F == kQ4) {
+            for (; t + 64 <= c1; t += 64) many16_amx<F, 4>(w, x, n, t, y);
+            switch ((c1 - t) / 16) {
+              case 3: many16_amx<F, 3>(w, x, n, t, y); break;
+              case 2: many16_amx<F, 2>(w, x, n, t, y); break;
+              case 1: many16_amx<F, 1>(w, x, n, t, y); break;
+            }
+            t += (c1 - t) / 16 * 16;
+          }
+        }
+#endif
         for (; t + 32 <= c1; t += 32) many16_vnni<F, 32>(w, x, n, t, y);
         if (c1 - t >= 16) many16_vnni<F, 16>(w, x, n, t, y), t += 16;
         if (c1 - t >= 8) many16_vnni<F, 8>(w, x, n, t, y), t += 8;
