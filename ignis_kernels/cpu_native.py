@@ -257,3 +257,13 @@ def many_rows() -> int:
     (ignis_kernels/cpu/quant_gemm_many.h: 8-bit activations; AVX2, and AVX-512 with VNNI), or 0
     where the op is not built or has none (AVX-512 without VNNI, non-x86)."""
     return int(torch.ops.ignis_cpu.quant_gemm_many_rows()) if load() else 0
+
+
+def amx(enable: bool | None = None) -> bool:
+    """Whether the op's many-row Q4_K GEMMs take AMX's tiles (ignis_kernels/cpu/quant_gemm_amx.h):
+    built where the compiler targets AMX-INT8 (the host's own tier), used where Linux grants the
+    tiles and IGNIS_AMX is not 0. `enable` turns them off or back on for this process (the outputs
+    are the same bit for bit either way: for comparisons). False where the op is not built."""
+    if not load():
+        return False
+    return bool(torch.ops.ignis_cpu.quant_gemm_amx(-1 if enable is None else int(enable)))

@@ -63,6 +63,10 @@ class WeightPlan:
     why: str = ""
 
 
+def _tiles(native: bool) -> str:
+    return ", Q4_K's on AMX tiles" if native and cpu_native.amx() else ""
+
+
 def many_replaces_copy() -> bool:
     """Whether the native op's many-row body (Q4_K, Q6_K) is as fast as a kept wide copy at
     every row count, so that `mixed` keeps none of those weights: wherever the op has one.
@@ -176,10 +180,11 @@ def plan_weights(
                          "than its int8 one below avx512)")
     if form == "quantized":
         parts.append(f"steps of many rows widened to {widen_to}"
-                     + (" (but Q4_K / Q6_K: their many-row GEMM)" if native and cpu_native.many_rows() > 0 else ""))
+                     + (f" (but Q4_K / Q6_K: their many-row GEMM{_tiles(native)})" if native and cpu_native.many_rows() > 0 else ""))
     if form in ("mixed", "bfloat16"):
         many = form == "mixed" and native and many_replaces_copy()
-        parts.append(f"wide steps through a kept {wide} copy" + (" (none of Q4_K / Q6_K: their many-row GEMM)" if many else ""))
+        parts.append(f"wide steps through a kept {wide} copy"
+                     + (f" (none of Q4_K / Q6_K: their many-row GEMM{_tiles(native)})" if many else ""))
     parts.append(f"head {wide}" + (f" + int8 dynamic ({'8' if plan.head_full_range else '7'}-bit activations)"
                                    if head_int8 else ""))
     return replace(plan, why="; ".join(parts))

@@ -1344,6 +1344,19 @@ std::tuple<at::Tensor, at::Tensor> top_k_rows(const at::Tensor& x, int64_t k) {
 // The fewest rows of x from which quant_gemm's Q4_K / Q6_K GEMMs take their many-row body
 // (quant_gemm_many.h: 8-bit x per 256, as fast as a dense GEMM at any row count), or 0 where
 // this build has none (AVX-512 and non-x86 CPUs).
+// Whether many-row Q4_K GEMMs take AMX's tiles (quant_gemm_amx.h): mode -1 asks, 0 turns them
+// off, 1 back on where the build has them and the kernel grants them. The outputs are the same
+// either way (benchmarks and tests compare the two in one process).
+bool amx_op(int64_t mode) {
+#if IGNIS_QGEMM_AMX
+  if (mode >= 0) qgemm::amx_wanted().store(mode != 0);
+  return qgemm::amx_ready();
+#else
+  (void)mode;
+  return false;
+#endif
+}
+
 int64_t many_rows_op() {
 #if IGNIS_QGEMM_MANY
   return qgemm::kManyRows;
@@ -1362,6 +1375,7 @@ TORCH_LIBRARY(ignis_cpu, m) {
       "float scale, int window, Tensor? sinks=None) -> Tensor",
       TORCH_FN(paged_decode_attention));
   m.def("quant_gemm_many_rows() -> int", TORCH_FN(many_rows_op));
+  m.def("quant_gemm_amx(int mode=-1) -> bool", TORCH_FN(amx_op));
   m.def("top_k_rows(Tensor x, int k) -> (Tensor, Tensor)", TORCH_FN(top_k_rows));
   m.def("q6_rows(Tensor nibbles, Tensor high_bits, Tensor sixteens, Tensor supers, Tensor ids) -> Tensor",
         TORCH_FN(q6_rows));

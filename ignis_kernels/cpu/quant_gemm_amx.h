@@ -24,16 +24,30 @@
 
 // Whether this process may use the tiles: Linux grants AMX's 8 KB of state on request (the
 // first use otherwise dies of SIGILL); a kernel or VM that refuses keeps the VNNI body, as does
-// IGNIS_AMX=0 (for comparisons).
-inline bool amx_ready() {
-  static const bool ready = [] {
+// IGNIS_AMX=0.
+inline bool amx_granted() {
+  static const bool granted = [] {
     const char* env = std::getenv("IGNIS_AMX");
     if (env != nullptr && env[0] == '0') return false;
     constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
   }();
-  return ready;
+  return granted;
 }
+
+// Whether GEMMs take the tiles now: granted, and not turned off for a comparison
+// (ignis_cpu.quant_gemm_amx: the outputs are the same either way, only the speed differs).
+inline std::atomic<bool>& amx_wanted() {
+  static std::atomic<bool> wanted{true};
+  return wanted;
+}
+inline bool amx_ready() { return amx_wanted().load(std::memory_order_relaxed) && amx_granted(); }
+
+// Rows of x a chunk takes through every block of weight rows (many_rows_of): their planes
+// (2 K bytes a row) have to stay in the second-level cache meanwhile, where the tile loads wait
+// on them. 64 rows of a K of 14336 (1.8 MB) did not: that GEMM ran 1.08x VNNI's at 64 rows
+// on a Xeon's two cores, against 1.4-1.5x for the K of 4096.
+inline int64_t amx_chunk_rows(int64_t K) { return K > 8192 ? 32 : 64; }
 
 // Tiles 0-3 the four products' int32 sums, 4-5 x's hi and lo, 6-7 the weights' planes a and b:
 // each 16 rows of 64 bytes.

@@ -518,8 +518,12 @@ constexpr int64_t kChunkRows = 64;
 
 template <Format F>
 inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t n1, float* y) {
-  for (int64_t c = 0; c < x.T; c += kChunkRows) {
-    const int64_t c1 = std::min(x.T, c + kChunkRows);
+  int64_t chunk = kChunkRows;
+#if IGNIS_QGEMM_AMX
+  if (F == kQ4 && !x.xh.empty()) chunk = amx_chunk_rows(x.K);
+#endif
+  for (int64_t c = 0; c < x.T; c += chunk) {
+    const int64_t c1 = std::min(x.T, c + chunk);
     for (int64_t n = n0; n + 8 <= n1; n += 8) {
       int64_t t = c;
 #if IGNIS_QGEMM_VNNI
