@@ -951,7 +951,7 @@ inline void run(const Weights& w, const float* x, int64_t T, float* y) {
   if constexpr (F == kQ4 || F == kQ6) {
     if (many_rows(w, T)) {  // whole blocks of eight rows there; a tail of N % 8 rows below
 #if IGNIS_QGEMM_AMX
-      const Split8 x8(x, T, w.K, F, F == kQ4 && T >= 16 && w.N >= 16 && amx_ready());
+      const Split8 x8(x, T, w.K, F, T >= 16 && w.N >= 16 && amx_ready());
 #else
       const Split8 x8(x, T, w.K, F);
 #endif

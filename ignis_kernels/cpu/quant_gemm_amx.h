@@ -61,6 +61,7 @@ struct alignas(64) TileConfig {
 // its half super-block's planes[p][s]: K-step s's 16 x 64 B tile of plane p (a, b) in B's layout,
 // byte 4k + i of lane r row r's element 4k + i of its two groups' Split8 order (the sixteen even
 // elements, then the odd ones; as many16_vnni's wq).
+template <Format F>
 inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m512i (&planes)[2][2][16]) {
   const __m512i nib = _mm512_set1_epi8(15), seven = _mm512_set1_epi32(7);
   const __m512i q01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
@@ -75,12 +76,41 @@ inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m5
   const __m512i a23 = _mm512_permutex2var_epi32(v[0], q23, v[1]), b23 = _mm512_permutex2var_epi32(v[2], q23, v[3]);
   const __m512i quad[4] = {_mm512_permutex2var_epi64(a01, low, b01), _mm512_permutex2var_epi64(a01, high, b01),
                            _mm512_permutex2var_epi64(a23, low, b23), _mm512_permutex2var_epi64(a23, high, b23)};
+  const int s = int(g % 4) / 2, r0 = 8 * int(g % 2);
+  if constexpr (F == kQ6) {
+    // the high two bits, as many16_vnni's; then each byte's (q - 32) * sc in int16 (|.| <= 4096),
+    // as lo = its low seven bits (plane 0, unsigned) and hi = the rest (plane 1, signed, in [-32, 32])
+    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1)), bits45 = _mm512_set1_epi8(0x30);
+    const __m512i ha = load(w.hb + 8 * (ua + 8 * g)), hbb = load(w.hb + 8 * (ub + 8 * g));
+    const __m512i h[2] = {_mm512_permutex2var_epi32(ha, evens, hbb), _mm512_permutex2var_epi32(ha, odds, hbb)};
+    const __m512i ia = _mm512_cvtepi8_epi32(bytes16(w.sc + 2 * (ua + 8 * g))), ib = _mm512_cvtepi8_epi32(bytes16(w.sc + 2 * (ub + 8 * g)));
+    const __m512i word = _mm512_set1_epi32(0xFFFF);
+    const auto words = [&](__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, word), _mm512_slli_epi32(v, 16)); };
+    // each row's two sixteens' scales in both words: quads 0, 1 of the even and odd elements
+    // hold the first sixteen (elements 0-15), quads 2, 3 the second
+    const __m512i sc[2] = {words(_mm512_permutex2var_epi32(ia, evens, ib)), words(_mm512_permutex2var_epi32(ia, odds, ib))};
+    const __m512i low8 = _mm512_set1_epi16(0xFF), thirty_two = _mm512_set1_epi16(32), seven_bits = _mm512_set1_epi8(0x7F);
+    const __mmask64 odd_bytes = 0xAAAAAAAAAAAAAAAAull;
+    for (int k = 0; k < 4; ++k) {
+      const __m512i hk = h[k % 2];
+      const __m512i hl = k < 2 ? hk : _mm512_srli_epi16(hk, 2), hh = _mm512_slli_epi16(hk, k < 2 ? 4 : 2);
+      const __m512i q[2] = {_mm512_ternarylogic_epi32(quad[k], nib, _mm512_and_si512(hl, bits45), 0xEA),
+                            _mm512_ternarylogic_epi32(_mm512_srli_epi16(quad[k], 4), nib, _mm512_and_si512(hh, bits45), 0xEA)};
+      for (int e = 0; e < 2; ++e) {  // q[e]: row r0 + 4 e + k of the K-step's tile
+        const __m512i scale = sc[k / 2];
+        const __m512i pe = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_and_si512(q[e], low8), thirty_two), scale);
+        const __m512i po = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_srli_epi16(q[e], 8), thirty_two), scale);
+        planes[0][s][r0 + 4 * e + k] = _mm512_and_si512(_mm512_mask_blend_epi8(odd_bytes, pe, _mm512_slli_epi16(po, 8)), seven_bits);
+        planes[1][s][r0 + 4 * e + k] = _mm512_mask_blend_epi8(odd_bytes, _mm512_srai_epi16(pe, 7), _mm512_slli_epi16(_mm512_srai_epi16(po, 7), 8));
+      }
+    }
+    return;
+  }
   const __m512i sc = _mm512_permutex2var_epi32(_mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ua + 8 * g))), evens,
                                                _mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ub + 8 * g))));
   // each of a lane's two words times sc's low (high) three bits
   const __m512i lo3 = _mm512_and_si512(sc, seven), hi3 = _mm512_srli_epi32(sc, 3);
   const __m512i by_lo = _mm512_or_si512(lo3, _mm512_slli_epi32(lo3, 16)), by_hi = _mm512_or_si512(hi3, _mm512_slli_epi32(hi3, 16));
-  const int s = int(g % 4) / 2, r0 = 8 * int(g % 2);
   for (int k = 0; k < 4; ++k) {
     const __m512i qe = _mm512_and_si512(quad[k], nib), qo = _mm512_and_si512(_mm512_srli_epi16(quad[k], 4), nib);
     planes[0][s][r0 + k] = _mm512_mullo_epi16(qe, by_lo);
@@ -99,7 +129,6 @@ inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m5
 // waited for it (a 28672 x 4096 GEMM at 64 rows on a Xeon core: 47 -> 37 ms).
 template <Format F, int MT>
 inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
-  static_assert(F == kQ4);
   constexpr int TB = 16 * MT;
   static const TileConfig config;
   _tile_loadconfig(&config);
@@ -111,6 +140,7 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
   alignas(64) int32_t sums[2][4][16][16];   // [item's parity][tile][row of x][weight row]
   __m512i first[TB];                        // the first half super-block's int32 sums
   const auto dw = [&](int64_t j) {  // super-block j's d of each row
+    if constexpr (F == kQ6) return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w.ds + va + 8 * j)), _mm256_loadu_ps(w.ds + vb + 8 * j), 1);
     return _mm512_permutex2var_ps(_mm512_loadu_ps(w.ds + 2 * (va + 8 * j)), evens, _mm512_loadu_ps(w.ds + 2 * (vb + 8 * j)));
   };
   // item i: half super-block i / MT (super-block i / (2 MT), half (i / MT) % 2), rows of x 16 (i % MT)
@@ -118,8 +148,11 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
   const auto finish = [&](int64_t i) {  // item i's tiles (in sums[i % 2]) into its halves, and its fp32 step
     const int64_t h = i / MT, j = h / 2;
     const int m = int(i % MT);
-    const auto sum = [&](int r) {  // 1024 (hi . b) + 128 (hi . a) + 8 (lo . b) + (lo . a)
+    const auto sum = [&](int r) {
       const auto at = [&](int k) { return _mm512_load_si512(sums[i % 2][k][r]); };
+      if constexpr (F == kQ6)  // 16384 (hi . hi) + 128 (hi . lo + lo . hi) + lo . lo
+        return _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(at(0), 14), _mm512_slli_epi32(at(1), 7)), at(2));
+      // 1024 (hi . b) + 128 (hi . a) + 8 (lo . b) + (lo . a)
       return _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(at(0), 10), _mm512_slli_epi32(at(1), 7)),
                               _mm512_add_epi32(_mm512_slli_epi32(at(2), 3), at(3)));
     };
@@ -135,8 +168,8 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
                                             j ? _mm512_load_ps(f[t]) : _mm512_setzero_ps()));
     }
   };
-  for (int64_t g = 0; g < 4; ++g) amx_planes(w, ua, ub, g, planes[0]);
-  many_offsets16<TB>(w, x, n0, t0, offsets);
+  for (int64_t g = 0; g < 4; ++g) amx_planes<F>(w, ua, ub, g, planes[0]);
+  if constexpr (F == kQ4) many_offsets16<TB>(w, x, n0, t0, offsets);
   for (int64_t i = 0; i < items; ++i) {
     const int64_t h = i / MT;
     const int m = int(i % MT);
@@ -152,24 +185,31 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
       _tile_loadd(5, x.xl.data() + at, 64);
       _tile_loadd(6, planes[h % 2][0][s], 64);
       _tile_loadd(7, planes[h % 2][1][s], 64);
-      _tile_dpbsud(0, 4, 7);  // hi . b
-      _tile_dpbsud(1, 4, 6);  // hi . a
-      _tile_dpbuud(2, 5, 7);  // lo . b
-      _tile_dpbuud(3, 5, 6);  // lo . a
+      if constexpr (F == kQ6) {
+        _tile_dpbssd(0, 4, 7);  // x's hi . w's hi
+        _tile_dpbsud(1, 4, 6);  // hi . lo
+        _tile_dpbusd(1, 5, 7);  // lo . hi
+        _tile_dpbuud(2, 5, 6);  // lo . lo
+      } else {
+        _tile_dpbsud(0, 4, 7);  // hi . b
+        _tile_dpbsud(1, 4, 6);  // hi . a
+        _tile_dpbuud(2, 5, 7);  // lo . b
+        _tile_dpbuud(3, 5, 6);  // lo . a
+      }
     }
     // the vector units' share while those run: before this item's tile stores, which the
     // loads of the previous item's sums would otherwise wait for (not knowing their addresses
     // differ), so that the tiles and the vector units would take turns
     if (i > 0) finish(i - 1);
     if (h + 1 < 2 * S)  // the next half's planes, 4 / MT groups an item
-      for (int64_t g = g0 + 4 + 4 * m / MT; g < g0 + 4 + 4 * (m + 1) / MT; ++g) amx_planes(w, ua, ub, g, planes[(h + 1) % 2]);
+      for (int64_t g = g0 + 4 + 4 * m / MT; g < g0 + 4 + 4 * (m + 1) / MT; ++g) amx_planes<F>(w, ua, ub, g, planes[(h + 1) % 2]);
     _tile_stored(0, out[0], 64);
     _tile_stored(1, out[1], 64);
     _tile_stored(2, out[2], 64);
-    _tile_stored(3, out[3], 64);
+    if constexpr (F == kQ4) _tile_stored(3, out[3], 64);
   }
   finish(items - 1);
   _tile_release();
   for (int t = 0; t < TB; ++t)
-    for (int r = 0; r < 16; ++r) y[(t0 + t) * w.stride() + n0 + r] = f[t][r] + offsets[t][r];
+    for (int r = 0; r < 16; ++r) y[(t0 + t) * w.stride() + n0 + r] = F == kQ4 ? f[t][r] + offsets[t][r] : f[t][r];
 }

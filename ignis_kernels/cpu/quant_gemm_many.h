@@ -520,7 +520,7 @@ template <Format F>
 inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t n1, float* y) {
   int64_t chunk = kChunkRows;
 #if IGNIS_QGEMM_AMX
-  if (F == kQ4 && !x.xh.empty()) chunk = amx_chunk_rows(x.K);
+  if (!x.xh.empty()) chunk = amx_chunk_rows(x.K);
 #endif
   for (int64_t c = 0; c < x.T; c += chunk) {
     const int64_t c1 = std::min(x.T, c + chunk);
@@ -530,8 +530,8 @@ inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t 
 #define IGNIS_MANY many_vnni
       if (n + 16 <= n1) {  // two blocks at once
 #if IGNIS_QGEMM_AMX
-        if (F == kQ4 && !x.xh.empty()) {  // whole sixteens of rows of x through the tiles
-          if constexpr (F == kQ4) {
+        if (!x.xh.empty()) {  // whole sixteens of rows of x through the tiles
+          {
             for (; t + 64 <= c1; t += 64) many16_amx<F, 4>(w, x, n, t, y);
             switch ((c1 - t) / 16) {
               case 3: many16_amx<F, 3>(w, x, n, t, y); break;
