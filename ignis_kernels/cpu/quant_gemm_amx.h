@@ -43,11 +43,11 @@ inline std::atomic<bool>& amx_wanted() {
 }
 inline bool amx_ready() { return amx_wanted().load(std::memory_order_relaxed) && amx_granted(); }
 
-// Rows of x a chunk takes through every block of weight rows (many_rows_of): their planes
-// (2 K bytes a row) have to stay in the second-level cache meanwhile, where the tile loads wait
-// on them. 64 rows of a K of 14336 (1.8 MB) did not: that GEMM ran 1.08x VNNI's at 64 rows
-// on a Xeon's two cores, against 1.4-1.5x for the K of 4096.
-inline int64_t amx_chunk_rows(int64_t K) { return K > 8192 ? 32 : 64; }
+// Super-blocks of K a pass of many_rows_of takes through every block of weight rows before the
+// next: the chunk's x planes of that span (64 rows of 4096: 512 KB) stay in the second-level
+// cache meanwhile, where the tile loads wait on them, and each block's fp32 sums wait in y.
+// Whole, a K of 14336 (1.8 MB at 64 rows) ran no faster than VNNI on a Xeon's two cores.
+constexpr int64_t kAmxSpan = 16;
 
 // Tiles 0-3 the four products' int32 sums, 4-5 x's hi and lo, 6-7 the weights' planes a and b:
 // each 16 rows of 64 bytes.
@@ -120,15 +120,15 @@ inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m5
   }
 }
 
-// Sixteen weight rows (two blocks of eight from n0) against 16 * MT rows of x from t0, with
-// many16_vnni's outputs (above). The tiles run beside the vector units: each item (a half
+// Sixteen weight rows (two blocks of eight from n0) against 16 * MT rows of x from t0, over
+// super-blocks [j0, j1) of K (kAmxSpan), with many16_vnni's outputs (above) once j1 is the last. The tiles run beside the vector units: each item (a half
 // super-block by sixteen rows of x) issues its eight tile products, and while they run the
 // vector units take the previous item's four tiles to int32 sums (and the fp32 step) and make
 // a slice of the next half's planes. The offsets go first, on their own: in the items they
 // made a burst longer than the reorder buffer holds, so that the next item's tile products
 // waited for it (a 28672 x 4096 GEMM at 64 rows on a Xeon core: 47 -> 37 ms).
 template <Format F, int MT>
-inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
+inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0, int64_t j0, int64_t j1, float* y) {
   constexpr int TB = 16 * MT;
   static const TileConfig config;
   _tile_loadconfig(&config);
@@ -143,10 +143,12 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
     if constexpr (F == kQ6) return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w.ds + va + 8 * j)), _mm256_loadu_ps(w.ds + vb + 8 * j), 1);
     return _mm512_permutex2var_ps(_mm512_loadu_ps(w.ds + 2 * (va + 8 * j)), evens, _mm512_loadu_ps(w.ds + 2 * (vb + 8 * j)));
   };
-  // item i: half super-block i / MT (super-block i / (2 MT), half (i / MT) % 2), rows of x 16 (i % MT)
-  const int64_t items = 2 * S * MT;
+  // item i: half super-block 2 j0 + i / MT, rows of x 16 (i % MT)
+  const int64_t items = 2 * (j1 - j0) * MT;
+  if (j0 > 0)  // the sums so far, which the previous span left in y
+    for (int t = 0; t < TB; ++t) _mm512_store_ps(f[t], _mm512_loadu_ps(y + (t0 + t) * w.stride() + n0));
   const auto finish = [&](int64_t i) {  // item i's tiles (in sums[i % 2]) into its halves, and its fp32 step
-    const int64_t h = i / MT, j = h / 2;
+    const int64_t h = 2 * j0 + i / MT, j = h / 2;
     const int m = int(i % MT);
     const auto sum = [&](int r) {
       const auto at = [&](int k) { return _mm512_load_si512(sums[i % 2][k][r]); };
@@ -168,10 +170,10 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
                                             j ? _mm512_load_ps(f[t]) : _mm512_setzero_ps()));
     }
   };
-  for (int64_t g = 0; g < 4; ++g) amx_planes<F>(w, ua, ub, g, planes[0]);
-  if constexpr (F == kQ4) many_offsets16<TB>(w, x, n0, t0, offsets);
+  for (int64_t g = 8 * j0; g < 8 * j0 + 4; ++g) amx_planes<F>(w, ua, ub, g, planes[0]);
+  if (F == kQ4 && j1 == S) many_offsets16<TB>(w, x, n0, t0, offsets);
   for (int64_t i = 0; i < items; ++i) {
-    const int64_t h = i / MT;
+    const int64_t h = 2 * j0 + i / MT;
     const int m = int(i % MT);
     const int64_t g0 = 4 * h;
     int32_t(&out)[4][16][16] = sums[i % 2];
@@ -201,7 +203,7 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
     // loads of the previous item's sums would otherwise wait for (not knowing their addresses
     // differ), so that the tiles and the vector units would take turns
     if (i > 0) finish(i - 1);
-    if (h + 1 < 2 * S)  // the next half's planes, 4 / MT groups an item
+    if (h + 1 < 2 * j1)  // the next half's planes, 4 / MT groups an item
       for (int64_t g = g0 + 4 + 4 * m / MT; g < g0 + 4 + 4 * (m + 1) / MT; ++g) amx_planes<F>(w, ua, ub, g, planes[(h + 1) % 2]);
     _tile_stored(0, out[0], 64);
     _tile_stored(1, out[1], 64);
@@ -211,5 +213,5 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
   finish(items - 1);
   _tile_release();
   for (int t = 0; t < TB; ++t)
-    for (int r = 0; r < 16; ++r) y[(t0 + t) * w.stride() + n0 + r] = F == kQ4 ? f[t][r] + offsets[t][r] : f[t][r];
+    for (int r = 0; r < 16; ++r) y[(t0 + t) * w.stride() + n0 + r] = F == kQ4 && j1 == S ? f[t][r] + offsets[t][r] : f[t][r];
 }

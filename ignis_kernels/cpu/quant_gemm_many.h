@@ -518,30 +518,30 @@ constexpr int64_t kChunkRows = 64;
 
 template <Format F>
 inline void many_rows_of(const Weights& w, const Split8& x, int64_t n0, int64_t n1, float* y) {
-  int64_t chunk = kChunkRows;
+  for (int64_t c = 0; c < x.T; c += kChunkRows) {
+    const int64_t c1 = std::min(x.T, c + kChunkRows);
+    int64_t tiled = c;  // rows [c, tiled) of x: through AMX's tiles below
 #if IGNIS_QGEMM_AMX
-  if (!x.xh.empty()) chunk = amx_chunk_rows(x.K);
+    if (!x.xh.empty()) {  // whole sixteens of rows through the tiles, pairs of blocks, spans of K
+      tiled = c + (c1 - c) / 16 * 16;
+      for (int64_t j0 = 0; j0 < x.S; j0 += kAmxSpan)
+        for (int64_t n = n0; n + 16 <= n1; n += 16) {
+          const int64_t j1 = std::min(x.S, j0 + kAmxSpan);
+          switch ((tiled - c) / 16) {
+            case 4: many16_amx<F, 4>(w, x, n, c, j0, j1, y); break;
+            case 3: many16_amx<F, 3>(w, x, n, c, j0, j1, y); break;
+            case 2: many16_amx<F, 2>(w, x, n, c, j0, j1, y); break;
+            case 1: many16_amx<F, 1>(w, x, n, c, j0, j1, y); break;
+          }
+        }
+    }
 #endif
-  for (int64_t c = 0; c < x.T; c += chunk) {
-    const int64_t c1 = std::min(x.T, c + chunk);
     for (int64_t n = n0; n + 8 <= n1; n += 8) {
       int64_t t = c;
 #if IGNIS_QGEMM_VNNI
 #define IGNIS_MANY many_vnni
       if (n + 16 <= n1) {  // two blocks at once
-#if IGNIS_QGEMM_AMX
-        if (!x.xh.empty()) {  // whole sixteens of rows of x through the tiles
-          {
-            for (; t + 64 <= c1; t += 64) many16_amx<F, 4>(w, x, n, t, y);
-            switch ((c1 - t) / 16) {
-              case 3: many16_amx<F, 3>(w, x, n, t, y); break;
-              case 2: many16_amx<F, 2>(w, x, n, t, y); break;
-              case 1: many16_amx<F, 1>(w, x, n, t, y); break;
-            }
-            t += (c1 - t) / 16 * 16;
-          }
-        }
-#endif
+        t = tiled;
         for (; t + 32 <= c1; t += 32) many16_vnni<F, 32>(w, x, n, t, y);
         if (c1 - t >= 16) many16_vnni<F, 16>(w, x, n, t, y), t += 16;
         if (c1 - t >= 8) many16_vnni<F, 8>(w, x, n, t, y), t += 8;
