@@ -10,8 +10,9 @@ decode step. Prints microseconds per call (best of 5 batches) and the weight byt
 second; --wide adds the kept bf16 / fp16 copy the `mixed` form holds where a format has no
 many-row body; --cached reuses one copy instead, so the weights stay in the caches and the
 time is the body's instructions (its ceiling once memory is fast enough); --cpu-time times by
-the process's CPU time, which a shared VM's stolen time does not inflate. Random weights: speed
-only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2` times the AVX2 one on an AVX-512
+the process's CPU time, which a shared VM's stolen time does not inflate; --amx both times the
+many-row GEMMs on AMX's tiles and on VNNI alternately, a row each (the same outputs). Random
+weights: speed only. The CPU's tier decides the body (`IGNIS_CPU_CAPS=avx2` times the AVX2 one on an AVX-512
 machine).
 """
 
@@ -101,6 +102,9 @@ def main() -> None:
     ap.add_argument("--cached", action="store_true",
                     help="one copy of each weight, reused: timed from the caches, not memory "
                          "(the body's instruction ceiling)")
+    ap.add_argument("--amx", choices=["on", "off", "both"], default="on",
+                    help="many-row Q4_K / Q6_K GEMMs on AMX's tiles where the op has them (on), on VNNI (off), "
+                         "or a row of each, alternated (both)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time by the process's CPU time (all threads' together) instead of the wall clock: "
                          "a VM's stolen time does not count (with --threads 1, a core's time a call)")
@@ -113,6 +117,10 @@ def main() -> None:
 
     if not cpu_native.load():
         sys.exit("the native op is not built here")
+    tiles = [True, False] if args.amx == "both" else [args.amx == "on"]
+    if tiles[0] and not cpu_native.amx():
+        print("(no AMX tiles here: CPU, build, kernel or IGNIS_AMX=0)")
+        tiles = [False]
     s = SHAPES[args.shape]
     q_rows = s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim
     gemms = {"q|k|v": (q_rows, s.hidden), "o": (s.hidden, s.heads * s.head_dim), "gate|up": (2 * s.ffn, s.hidden),
@@ -127,7 +135,10 @@ def main() -> None:
         for name, (n, k) in gemms.items():
             first = FORMS[form](n, k, rng)
             ops = [first] + [FORMS[form](n, k, rng) for _ in range(max(1, pool // first.nbytes) - 1)]
-            print(f"| {form} | {name} {n}x{k} | " + cells(ops, k, args.rows, clock) + " |", flush=True)
+            for on in tiles:
+                cpu_native.amx(on)
+                body = (" (tiles)" if on else " (VNNI)") if len(tiles) > 1 else ""
+                print(f"| {form} | {name} {n}x{k}{body} | " + cells(ops, k, args.rows, clock) + " |", flush=True)
             if args.wide:
                 kind = wide_kind(cpu_platform.current())
                 dense = first.widen(0, n, torch.float32)

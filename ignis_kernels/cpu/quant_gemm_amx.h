@@ -63,26 +63,15 @@ struct alignas(64) TileConfig {
 // elements, then the odd ones; as many16_vnni's wq).
 template <Format F>
 inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m512i (&planes)[2][2][16]) {
-  const __m512i nib = _mm512_set1_epi8(15), seven = _mm512_set1_epi32(7);
-  const __m512i q01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
-  const __m512i q23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
-  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i low = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), high = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
-  const auto load = [](const void* p) { return _mm512_loadu_si512(p); };
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), seven = _mm512_set1_epi32(7);
   const auto bytes16 = [](const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
-  __m512i v[4];
-  for (int i = 0; i < 4; ++i) v[i] = load(w.q + 16 * ((i < 2 ? ua : ub) + 8 * g + 4 * (i % 2)));
-  const __m512i a01 = _mm512_permutex2var_epi32(v[0], q01, v[1]), b01 = _mm512_permutex2var_epi32(v[2], q01, v[3]);
-  const __m512i a23 = _mm512_permutex2var_epi32(v[0], q23, v[1]), b23 = _mm512_permutex2var_epi32(v[2], q23, v[3]);
-  const __m512i quad[4] = {_mm512_permutex2var_epi64(a01, low, b01), _mm512_permutex2var_epi64(a01, high, b01),
-                           _mm512_permutex2var_epi64(a23, low, b23), _mm512_permutex2var_epi64(a23, high, b23)};
+  __m512i wq[8];
+  group_bytes16<F>(w, ua, ub, g, wq);
   const int s = int(g % 4) / 2, r0 = 8 * int(g % 2);
   if constexpr (F == kQ6) {
-    // the high two bits, as many16_vnni's; then each byte's (q - 32) * sc in int16 (|.| <= 4096),
-    // as lo = its low seven bits (plane 0, unsigned) and hi = the rest (plane 1, signed, in [-32, 32])
-    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1)), bits45 = _mm512_set1_epi8(0x30);
-    const __m512i ha = load(w.hb + 8 * (ua + 8 * g)), hbb = load(w.hb + 8 * (ub + 8 * g));
-    const __m512i h[2] = {_mm512_permutex2var_epi32(ha, evens, hbb), _mm512_permutex2var_epi32(ha, odds, hbb)};
+    // each byte's (q - 32) * sc in int16 (|.| <= 4096), as lo = its low seven bits (plane 0,
+    // unsigned) and hi = the rest (plane 1, signed, in [-32, 32])
+    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
     const __m512i ia = _mm512_cvtepi8_epi32(bytes16(w.sc + 2 * (ua + 8 * g))), ib = _mm512_cvtepi8_epi32(bytes16(w.sc + 2 * (ub + 8 * g)));
     const __m512i word = _mm512_set1_epi32(0xFFFF);
     const auto words = [&](__m512i v) { return _mm512_or_si512(_mm512_and_si512(v, word), _mm512_slli_epi32(v, 16)); };
@@ -91,18 +80,12 @@ inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m5
     const __m512i sc[2] = {words(_mm512_permutex2var_epi32(ia, evens, ib)), words(_mm512_permutex2var_epi32(ia, odds, ib))};
     const __m512i low8 = _mm512_set1_epi16(0xFF), thirty_two = _mm512_set1_epi16(32), seven_bits = _mm512_set1_epi8(0x7F);
     const __mmask64 odd_bytes = 0xAAAAAAAAAAAAAAAAull;
-    for (int k = 0; k < 4; ++k) {
-      const __m512i hk = h[k % 2];
-      const __m512i hl = k < 2 ? hk : _mm512_srli_epi16(hk, 2), hh = _mm512_slli_epi16(hk, k < 2 ? 4 : 2);
-      const __m512i q[2] = {_mm512_ternarylogic_epi32(quad[k], nib, _mm512_and_si512(hl, bits45), 0xEA),
-                            _mm512_ternarylogic_epi32(_mm512_srli_epi16(quad[k], 4), nib, _mm512_and_si512(hh, bits45), 0xEA)};
-      for (int e = 0; e < 2; ++e) {  // q[e]: row r0 + 4 e + k of the K-step's tile
-        const __m512i scale = sc[k / 2];
-        const __m512i pe = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_and_si512(q[e], low8), thirty_two), scale);
-        const __m512i po = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_srli_epi16(q[e], 8), thirty_two), scale);
-        planes[0][s][r0 + 4 * e + k] = _mm512_and_si512(_mm512_mask_blend_epi8(odd_bytes, pe, _mm512_slli_epi16(po, 8)), seven_bits);
-        planes[1][s][r0 + 4 * e + k] = _mm512_mask_blend_epi8(odd_bytes, _mm512_srai_epi16(pe, 7), _mm512_slli_epi16(_mm512_srai_epi16(po, 7), 8));
-      }
+    for (int k = 0; k < 8; ++k) {  // wq[k]: row r0 + k of the K-step's tile
+      const __m512i scale = sc[k % 4 / 2];
+      const __m512i pe = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_and_si512(wq[k], low8), thirty_two), scale);
+      const __m512i po = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_srli_epi16(wq[k], 8), thirty_two), scale);
+      planes[0][s][r0 + k] = _mm512_and_si512(_mm512_mask_blend_epi8(odd_bytes, pe, _mm512_slli_epi16(po, 8)), seven_bits);
+      planes[1][s][r0 + k] = _mm512_mask_blend_epi8(odd_bytes, _mm512_srai_epi16(pe, 7), _mm512_slli_epi16(_mm512_srai_epi16(po, 7), 8));
     }
     return;
   }
@@ -111,12 +94,9 @@ inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m5
   // each of a lane's two words times sc's low (high) three bits
   const __m512i lo3 = _mm512_and_si512(sc, seven), hi3 = _mm512_srli_epi32(sc, 3);
   const __m512i by_lo = _mm512_or_si512(lo3, _mm512_slli_epi32(lo3, 16)), by_hi = _mm512_or_si512(hi3, _mm512_slli_epi32(hi3, 16));
-  for (int k = 0; k < 4; ++k) {
-    const __m512i qe = _mm512_and_si512(quad[k], nib), qo = _mm512_and_si512(_mm512_srli_epi16(quad[k], 4), nib);
-    planes[0][s][r0 + k] = _mm512_mullo_epi16(qe, by_lo);
-    planes[1][s][r0 + k] = _mm512_mullo_epi16(qe, by_hi);
-    planes[0][s][r0 + 4 + k] = _mm512_mullo_epi16(qo, by_lo);
-    planes[1][s][r0 + 4 + k] = _mm512_mullo_epi16(qo, by_hi);
+  for (int k = 0; k < 8; ++k) {
+    planes[0][s][r0 + k] = _mm512_mullo_epi16(wq[k], by_lo);
+    planes[1][s][r0 + k] = _mm512_mullo_epi16(wq[k], by_hi);
   }
 }
 

@@ -384,6 +384,48 @@ inline __m512i dpbusd_x4(__m512i acc, __m512i w, const int32_t* x) {
 #endif
 }
 
+// The group g's values of sixteen weight rows (two blocks of eight, units ua and ub) as bytes,
+// a row an int32 lane: wq[k]'s lane r holds row r's elements 4k .. 4k + 3 in Split8's order
+// (the sixteen even elements, then the odd ones). The group's nibble bytes are transposed by
+// fours as they are (byte i: elements 2i and 2i + 1; four vpermt2d, four vpermt2q), then
+// split: a quad's low nibbles are the evens 4k .. 4k + 3, its high ones the odds; Q6_K adds
+// each one's high two bits. many16_vnni's and many16_amx's weights.
+template <Format F>
+inline void group_bytes16(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m512i (&wq)[8]) {
+  const __m512i nib = _mm512_set1_epi8(15);
+  // quads 0 and 1 (then 2 and 3) of rows 0-3 and 4-7 (a register each, a row a quarter)
+  const __m512i q01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i q23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+  // the low (high) 256 bits of two registers: rows 0-7's quad and rows 8-15's
+  const __m512i low = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), high = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+  const auto load = [](const void* p) { return _mm512_loadu_si512(p); };
+  __m512i v[4];
+  for (int i = 0; i < 4; ++i) v[i] = load(w.q + 16 * ((i < 2 ? ua : ub) + 8 * g + 4 * (i % 2)));
+  const __m512i a01 = _mm512_permutex2var_epi32(v[0], q01, v[1]), b01 = _mm512_permutex2var_epi32(v[2], q01, v[3]);
+  const __m512i a23 = _mm512_permutex2var_epi32(v[0], q23, v[1]), b23 = _mm512_permutex2var_epi32(v[2], q23, v[3]);
+  const __m512i quad[4] = {_mm512_permutex2var_epi64(a01, low, b01), _mm512_permutex2var_epi64(a01, high, b01),
+                           _mm512_permutex2var_epi64(a23, low, b23), _mm512_permutex2var_epi64(a23, high, b23)};
+  if constexpr (F == kQ4) {
+    for (int k = 0; k < 4; ++k) wq[k] = _mm512_and_si512(quad[k], nib), wq[4 + k] = _mm512_and_si512(_mm512_srli_epi16(quad[k], 4), nib);
+  } else {
+    // the high two bits: each row's eight bytes of hb, 0-3 (h[0]) and 4-7 (h[1]) a lane;
+    // nibble byte i < 8 takes bits 4-5 (its low nibble's element) and 0-1 (its high one's)
+    // of hb byte i, byte i >= 8 bits 6-7 and 2-3 of hb byte i - 8 (Weights' kQ6 layout)
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
+    const __m512i ha = load(w.hb + 8 * (ua + 8 * g)), hbb = load(w.hb + 8 * (ub + 8 * g));
+    const __m512i h[2] = {_mm512_permutex2var_epi32(ha, evens, hbb), _mm512_permutex2var_epi32(ha, odds, hbb)};
+    const __m512i bits45 = _mm512_set1_epi8(0x30);
+    for (int k = 0; k < 4; ++k) {
+      const __m512i hk = h[k % 2];
+      const __m512i hl = k < 2 ? hk : _mm512_srli_epi16(hk, 2), hh = _mm512_slli_epi16(hk, k < 2 ? 4 : 2);
+      // (a & b) | (c & 0x30): the low nibble and its high bits
+      wq[k] = _mm512_ternarylogic_epi32(quad[k], nib, _mm512_and_si512(hl, bits45), 0xEA);
+      wq[4 + k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(quad[k], 4), nib, _mm512_and_si512(hh, bits45), 0xEA);
+    }
+  }
+}
+
 // Sixteen weight rows (two blocks of eight from n0) against TB rows of x from t0, a row per
 // int32 lane. many_vnni's lanes each hold a quarter of a row's group, so every group's scales
 // go beside its sums (a blend, two shifts and a vpdpwssd per two groups and four rows: half
@@ -403,15 +445,8 @@ inline __m512i dpbusd_x4(__m512i acc, __m512i w, const int32_t* x) {
 template <Format F, int TB>
 inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float* y) {
   const int64_t S = x.S, ua = w.unit(n0, 0), ub = w.unit(n0 + 8, 0), va = w.super(n0, 0), vb = w.super(n0 + 8, 0);
-  const __m512i nib = _mm512_set1_epi8(15);
-  // quads 0 and 1 (then 2 and 3) of rows 0-3 and 4-7 (a register each, a row a quarter)
-  const __m512i q01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
-  const __m512i q23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
-  // the low (high) 256 bits of two registers: rows 0-7's quad and rows 8-15's
-  const __m512i low = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), high = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
-  const auto load = [](const void* p) { return _mm512_loadu_si512(p); };
   const auto bytes16 = [](const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
   alignas(64) float offsets[TB][16];  // kQ4: each row's offset term
   if constexpr (F == kQ4) many_offsets16<TB>(w, x, n0, t0, offsets);
@@ -433,48 +468,19 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
         // nibbles' bytes are transposed as they are (byte i: elements 2i and 2i + 1), then
         // split: a quad's low nibbles are Split8's evens 4k .. 4k + 3, its high ones the odds
         __m512i wq[8];
-        {
-          __m512i v[4];
-          for (int i = 0; i < 4; ++i) v[i] = load(w.q + 16 * ((i < 2 ? ua : ub) + 8 * g + 4 * (i % 2)));
-          const __m512i a01 = _mm512_permutex2var_epi32(v[0], q01, v[1]), b01 = _mm512_permutex2var_epi32(v[2], q01, v[3]);
-          const __m512i a23 = _mm512_permutex2var_epi32(v[0], q23, v[1]), b23 = _mm512_permutex2var_epi32(v[2], q23, v[3]);
-          const __m512i quad[4] = {_mm512_permutex2var_epi64(a01, low, b01), _mm512_permutex2var_epi64(a01, high, b01),
-                                   _mm512_permutex2var_epi64(a23, low, b23), _mm512_permutex2var_epi64(a23, high, b23)};
-          if constexpr (F == kQ4) {
-            for (int k = 0; k < 4; ++k) wq[k] = _mm512_and_si512(quad[k], nib), wq[4 + k] = _mm512_and_si512(_mm512_srli_epi16(quad[k], 4), nib);
-          } else {
-            // the high two bits: each row's eight bytes of hb, 0-3 (h[0]) and 4-7 (h[1]) a lane;
-            // nibble byte i < 8 takes bits 4-5 (its low nibble's element) and 0-1 (its high one's)
-            // of hb byte i, byte i >= 8 bits 6-7 and 2-3 of hb byte i - 8 (Weights' kQ6 layout)
-            const __m512i ha = load(w.hb + 8 * (ua + 8 * g)), hbb = load(w.hb + 8 * (ub + 8 * g));
-            const __m512i h[2] = {_mm512_permutex2var_epi32(ha, evens, hbb), _mm512_permutex2var_epi32(ha, odds, hbb)};
-            const __m512i bits45 = _mm512_set1_epi8(0x30);
-            for (int k = 0; k < 4; ++k) {
-              const __m512i hk = h[k % 2];
-              const __m512i hl = k < 2 ? hk : _mm512_srli_epi16(hk, 2), hh = _mm512_slli_epi16(hk, k < 2 ? 4 : 2);
-              // (a & b) | (c & 0x30): the low nibble and its high bits
-              wq[k] = _mm512_ternarylogic_epi32(quad[k], nib, _mm512_and_si512(hl, bits45), 0xEA);
-              wq[4 + k] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(quad[k], 4), nib, _mm512_and_si512(hh, bits45), 0xEA);
-            }
-          }
-        }
+        group_bytes16<F>(w, ua, ub, g, wq);
         if constexpr (F == kQ4) {
           // each row's sc (the even bytes of its (sc, m) pairs)
           const __m512i sc = _mm512_permutex2var_epi32(_mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ua + 8 * g))), evens,
                                                        _mm512_cvtepu8_epi32(bytes16(w.sm + 2 * (ub + 8 * g))));
-          // sc shifted by each power x may bring (0 .. 7), in each lane's low int16 (the high
-          // one zero): a row of x picks its own from memory
-          alignas(64) __m512i shifted[8];
-          for (int u = 0; u < 8; ++u) shifted[u] = _mm512_slli_epi32(sc, u);
+          const __m512i sc2 = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
           for (int t = 0; t < TB; ++t) {
             const int64_t tg = x.at(t0 + t, g);
             const int32_t* xq = reinterpret_cast<const int32_t*>(x.q.data() + 32 * tg);
             __m512i se = _mm512_setzero_si512(), so = _mm512_setzero_si512();
             for (int k = 0; k < 4; ++k) se = dpbusd_x4(se, wq[k], xq + k), so = dpbusd_x4(so, wq[4 + k], xq + 4 + k);
-            // each half's sum (|s| < 2^15: its high int16 only the sign) times the scale's
-            // low int16, the high one times zero
-            const __m512i scu = shifted[x.up32[tg]];
-            acc[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(first ? zero : acc[t], se, scu), so, scu);
+            const __m512i both = _mm512_mask_blend_epi16(__mmask32(0xAAAAAAAA), se, _mm512_slli_epi32(so, 16));
+            acc[t] = _mm512_dpwssd_epi32(first ? zero : acc[t], both, _mm512_sllv_epi16(sc2, _mm512_set1_epi16(int16_t(x.up32[tg]))));
           }
         } else {
           // each row's two sixteens' scales: quads 0, 1 of the even and odd elements hold the
