@@ -1,24 +1,26 @@
-// many16_vnni's integer sums through AMX's tiles, for Q4_K on CPUs with AMX-INT8 (Sapphire
-// Rapids and later). Included by quant_gemm_many.h inside namespace qgemm where the compiler
-// targets AMX (-march=native on such a host; never a capped tier) and VNNI.
+// many16_vnni's integer sums through AMX's tiles, for Q4_K and Q6_K on CPUs with AMX-INT8
+// (Sapphire Rapids and later). Included by quant_gemm_many.h inside namespace qgemm where the
+// compiler targets AMX (-march=native on such a host; never a capped tier) and VNNI.
 //
-// many16_vnni multiplies a group's 32 bytes of x by its weights' nibbles (vpdpbusd), then the
-// two halves' sums by the row's 6-bit sc shifted by x's power (vpdpwssd), in int32 over half a
-// super-block: ten 512-bit operations per group, row of x and sixteen weight rows, which bound
-// it (~150 GMAC/s a Xeon core, a third of vpdpbusd's peak). A tile product (tdpbsud: 16 rows of
-// x by 16 weight rows by 64 bytes) does a K of 64 at once, but sums across groups, so each
-// group's scale has to be in its operands first:
-//   x's side: x << up (up to 127 * 2^7: 15 bits) as hi * 128 + lo, hi in [-127, 127] signed and
-//     lo in [0, 128) unsigned (Split8's xh, xl);
-//   the weights' side: q * sc with sc = 8 sc_hi + sc_lo as two planes of bytes, q * sc_lo and
-//     q * sc_hi (each <= 15 * 7: vpmullw of a word's two bytes does not carry between them).
-// The half super-block's sum is then 1024 (hi . b) + 128 (hi . a) + 8 (lo . b) + (lo . a):
-// four tile products (tdpbsud for the signed hi, tdpbuud for lo) into four int32 tiles, taken
-// together by shifts and adds in int32 (wrapping: the true sum is within 2^31, quant_gemm_many.h's
-// bound, so the wrapped one is it). The same integers as many16_vnni's halves, and from them the
-// same fp32 steps in the same order: a row's outputs are bit for bit many16_vnni's, so which
-// rows of a step go through the tiles (whole sixteens) and which through VNNI (the rest) does
-// not change any row.
+// many16_vnni multiplies a group's 32 bytes of x by its weights' bytes (vpdpbusd), then the
+// sums by the row's integer scale shifted by x's power, in int32 over half a super-block: ten
+// 512-bit operations per group, row of x and sixteen weight rows for Q4_K, which bound it
+// (~150 GMAC/s a Xeon core, a third of vpdpbusd's peak). A tile product (16 rows of x by 16
+// weight rows by 64 bytes) does a K of 64 at once, but sums across groups (and Q6_K's
+// sixteens), so their scales have to be in the operands first:
+//   x's side: q << up (|.| <= 127 * 2^7: 15 bits) as hi * 128 + lo, hi signed and lo in
+//     [0, 128) unsigned (Split8's xh, xl);
+//   Q4_K's weights: q * sc with sc = 8 sc_hi + sc_lo as two planes of bytes, a = q * sc_lo and
+//     b = q * sc_hi (each <= 15 * 7: vpmullw of a word's two bytes does not carry between
+//     them); the half super-block's sum is 1024 (hi . b) + 128 (hi . a) + 8 (lo . b) + (lo . a);
+//   Q6_K's: (q - 32) * sc (|.| <= 4096) as hi * 128 + lo likewise; the sum is
+//     16384 (hi . hi) + 128 (hi . lo + lo . hi) + (lo . lo), the cross terms in one tile.
+// Four tile products a K-step (tdpbssd, tdpbsud, tdpbusd, tdpbuud as the signs go) into int32
+// tiles, taken together by shifts and adds in int32 (wrapping: the true sum is within 2^31,
+// quant_gemm_many.h's bound, so the wrapped one is it). The same integers as many16_vnni's
+// halves, and from them the same fp32 steps in the same order: a row's outputs are bit for bit
+// many16_vnni's, so which rows of a step go through the tiles (whole sixteens) and which
+// through VNNI (the rest) does not change any row.
 
 #pragma once
 
@@ -101,12 +103,13 @@ inline void amx_planes(const Weights& w, int64_t ua, int64_t ub, int64_t g, __m5
 }
 
 // Sixteen weight rows (two blocks of eight from n0) against 16 * MT rows of x from t0, over
-// super-blocks [j0, j1) of K (kAmxSpan), with many16_vnni's outputs (above) once j1 is the last. The tiles run beside the vector units: each item (a half
-// super-block by sixteen rows of x) issues its eight tile products, and while they run the
-// vector units take the previous item's four tiles to int32 sums (and the fp32 step) and make
-// a slice of the next half's planes. The offsets go first, on their own: in the items they
-// made a burst longer than the reorder buffer holds, so that the next item's tile products
-// waited for it (a 28672 x 4096 GEMM at 64 rows on a Xeon core: 47 -> 37 ms).
+// super-blocks [j0, j1) of K (kAmxSpan), with many16_vnni's outputs (above) once j1 is the
+// last. The tiles run beside the vector units: each item (a half super-block by sixteen rows
+// of x) issues its tile products, and while they run the vector units take the previous
+// item's tiles to int32 sums (and the fp32 step) and make a slice of the next half's planes.
+// Q4_K's offsets go first, on their own: in the items they made a burst longer than the
+// reorder buffer holds, so that the next item's tile products waited for it (a 28672 x 4096
+// GEMM at 64 rows on a Xeon core: 47 -> 37 ms).
 template <Format F, int MT>
 inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0, int64_t j0, int64_t j1, float* y) {
   constexpr int TB = 16 * MT;
@@ -117,7 +120,7 @@ inline void many16_amx(const Weights& w, const Split8& x, int64_t n0, int64_t t0
   alignas(64) float offsets[TB][16];
   alignas(64) float f[TB][16];
   alignas(64) __m512i planes[2][2][2][16];  // [half super-block's parity][a, b][K-step][row of B]
-  alignas(64) int32_t sums[2][4][16][16];   // [item's parity][tile][row of x][weight row]
+  alignas(64) int32_t sums[2][4][16][16];   // [item's parity][tile][row of x][weight row] (Q6_K: 3 tiles)
   __m512i first[TB];                        // the first half super-block's int32 sums
   const auto dw = [&](int64_t j) {  // super-block j's d of each row
     if constexpr (F == kQ6) return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(w.ds + va + 8 * j)), _mm256_loadu_ps(w.ds + vb + 8 * j), 1);

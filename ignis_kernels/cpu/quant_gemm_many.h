@@ -334,14 +334,11 @@ inline void many_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t0,
 }
 
 // many_offsets for two blocks of eight rows (n0 and n0 + 8) at once, a row a lane of one
-// 512-bit register: each lane's arithmetic is many_offsets' own, in the same order. Super-block
-// j's terms added to offsets (j 0: set), rows of x sixteen at a time, their sums in offsets
-// itself: at TB 32 the registers would not hold both (gcc spilled: ~7% of the Q4_K body at 64
-// rows). A super-block a call, and rows [r0, r1) of x only (multiples of 16) where asked, so
-// that many16_amx can spread them between its tile products.
+// 512-bit register: each lane's arithmetic is many_offsets' own, in the same order. Rows of x
+// sixteen at a time, their sums over super-blocks in offsets itself: at TB 32 the registers
+// would not hold both (gcc spilled: ~7% of the Q4_K body at 64 rows).
 template <int TB>
-inline void many_offsets16_at(const Weights& w, const Split8& x, int64_t n0, int64_t t0, int64_t j, float (&offsets)[TB][16],
-                              int r0 = 0, int r1 = TB) {
+inline void many_offsets16(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float (&offsets)[TB][16]) {
   constexpr int TC = TB < 16 ? TB : 16;
   static_assert(TB % TC == 0);
   const int64_t S = x.S;
@@ -349,27 +346,20 @@ inline void many_offsets16_at(const Weights& w, const Split8& x, int64_t n0, int
   const float *sa = w.ds + 2 * w.super(n0, 0), *sb = w.ds + 2 * w.super(n0 + 8, 0);
   const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const auto bytes16 = [](const void* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-  __m512 m[8];
-  for (int gi = 0; gi < 8; ++gi) {
-    const int64_t g = 8 * j + gi;
-    m[gi] = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(bytes16(pa + 16 * g), odds, bytes16(pb + 16 * g)));
-  }
-  const __m512 dmin = _mm512_permutex2var_ps(_mm512_loadu_ps(sa + 16 * j), odds, _mm512_loadu_ps(sb + 16 * j));
-  for (int tc = r0; tc < r1; tc += TC) {
-    __m512 acc[TC];
-    for (int t = 0; t < TC; ++t) acc[t] = _mm512_setzero_ps();
-    for (int gi = 0; gi < 8; ++gi)
-      for (int t = 0; t < TC; ++t) acc[t] = _mm512_fmadd_ps(m[gi], _mm512_set1_ps(x.sums[x.at(t0 + tc + t, 8 * j + gi)]), acc[t]);
-    for (int t = 0; t < TC; ++t)
-      _mm512_store_ps(offsets[tc + t], _mm512_fmadd_ps(acc[t], _mm512_mul_ps(dmin, _mm512_set1_ps(x.d[(t0 + tc + t) * S + j])),
-                                                       j ? _mm512_load_ps(offsets[tc + t]) : _mm512_setzero_ps()));
-  }
-  (void)S;
-}
-
-template <int TB>
-inline void many_offsets16(const Weights& w, const Split8& x, int64_t n0, int64_t t0, float (&offsets)[TB][16]) {
-  for (int64_t j = 0; j < x.S; ++j) many_offsets16_at<TB>(w, x, n0, t0, j, offsets);
+  for (int tc = 0; tc < TB; tc += TC)  // (offsets start at the first super-block: no memset)
+    for (int64_t j = 0; j < S; ++j) {
+      __m512 acc[TC];
+      for (int t = 0; t < TC; ++t) acc[t] = _mm512_setzero_ps();
+      for (int gi = 0; gi < 8; ++gi) {
+        const int64_t g = 8 * j + gi;
+        const __m512 m = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(bytes16(pa + 16 * g), odds, bytes16(pb + 16 * g)));
+        for (int t = 0; t < TC; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sums[x.at(t0 + tc + t, g)]), acc[t]);
+      }
+      const __m512 dmin = _mm512_permutex2var_ps(_mm512_loadu_ps(sa + 16 * j), odds, _mm512_loadu_ps(sb + 16 * j));
+      for (int t = 0; t < TC; ++t)
+        _mm512_store_ps(offsets[tc + t], _mm512_fmadd_ps(acc[t], _mm512_mul_ps(dmin, _mm512_set1_ps(x.d[(t0 + tc + t) * S + j])),
+                                                         j ? _mm512_load_ps(offsets[tc + t]) : _mm512_setzero_ps()));
+    }
 }
 
 // vpdpbusd of w's bytes and the four signed bytes at x broadcast to every lane: the broadcast
@@ -515,7 +505,8 @@ inline void many16_vnni(const Weights& w, const Split8& x, int64_t n0, int64_t t
 #endif
 
 // Rows [n0, n1) (whole blocks of eight, from an even block with VNNI: pairs of blocks take
-// many16_vnni, 32 rows of x at a time, then 16, 8, 4, 2, 1; a last block alone many_vnni)
+// many16_vnni, 32 rows of x at a time, then 16, 8, 4, 2, 1; a last block alone many_vnni;
+// with AMX's tiles, pairs of blocks take many16_amx for each chunk's whole sixteens first)
 // against every row of x, six rows of x at a time (8-10% faster than four on a Zen 3; eight
 // no more), in chunks of kChunkRows rows of x (a prefill chunk's x would not stay in the
 // second-level cache over a block's rows: 1024 rows of a 2048-wide x ran at 150 GFLOP/s
