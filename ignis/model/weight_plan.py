@@ -64,7 +64,7 @@ class WeightPlan:
 
 
 def _tiles(native: bool) -> str:
-    return ", Q4_K's on AMX tiles" if native and cpu_native.amx() else ""
+    return ", on AMX tiles" if native and cpu_native.amx() else ""
 
 
 def many_replaces_copy() -> bool:
