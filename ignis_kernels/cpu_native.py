@@ -260,7 +260,7 @@ def many_rows() -> int:
 
 
 def amx(enable: bool | None = None) -> bool:
-    """Whether the op's many-row Q4_K GEMMs take AMX's tiles (ignis_kernels/cpu/quant_gemm_amx.h):
+    """Whether the op's many-row Q4_K / Q6_K GEMMs take AMX's tiles (ignis_kernels/cpu/quant_gemm_amx.h):
     built where the compiler targets AMX-INT8 (the host's own tier), used where Linux grants the
     tiles and IGNIS_AMX is not 0. `enable` turns them off or back on for this process (the outputs
     are the same bit for bit either way: for comparisons). False where the op is not built."""

@@ -1341,12 +1341,9 @@ std::tuple<at::Tensor, at::Tensor> top_k_rows(const at::Tensor& x, int64_t k) {
   return {vals, ids};
 }
 
-// The fewest rows of x from which quant_gemm's Q4_K / Q6_K GEMMs take their many-row body
-// (quant_gemm_many.h: 8-bit x per 256, as fast as a dense GEMM at any row count), or 0 where
-// this build has none (AVX-512 and non-x86 CPUs).
-// Whether many-row Q4_K GEMMs take AMX's tiles (quant_gemm_amx.h): mode -1 asks, 0 turns them
-// off, 1 back on where the build has them and the kernel grants them. The outputs are the same
-// either way (benchmarks and tests compare the two in one process).
+// Whether many-row Q4_K / Q6_K GEMMs take AMX's tiles (quant_gemm_amx.h): mode -1 asks, 0
+// turns them off, 1 back on where the build has them and the kernel grants them. The outputs
+// are the same either way (benchmarks and tests compare the two in one process).
 bool amx_op(int64_t mode) {
 #if IGNIS_QGEMM_AMX
   if (mode >= 0) qgemm::amx_wanted().store(mode != 0);
@@ -1357,6 +1354,9 @@ bool amx_op(int64_t mode) {
 #endif
 }
 
+// The fewest rows of x from which quant_gemm's Q4_K / Q6_K GEMMs take their many-row body
+// (quant_gemm_many.h: 8-bit x per 256, as fast as a dense GEMM at any row count), or 0 where
+// this build has none (AVX-512 and non-x86 CPUs).
 int64_t many_rows_op() {
 #if IGNIS_QGEMM_MANY
   return qgemm::kManyRows;

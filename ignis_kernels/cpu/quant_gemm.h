@@ -94,7 +94,7 @@
 #endif
 #endif
 
-// AMX's tile body for many rows of Q4_K (quant_gemm_amx.h): only where the compiler targets
+// AMX's tile body for many rows of Q4_K and Q6_K (quant_gemm_amx.h): only where the compiler targets
 // AMX-INT8 (the host's own -march=native), used where the kernel grants the tiles.
 #ifndef IGNIS_QGEMM_AMX
 #if IGNIS_QGEMM_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
@@ -951,7 +951,7 @@ inline void run(const Weights& w, const float* x, int64_t T, float* y) {
   if constexpr (F == kQ4 || F == kQ6) {
     if (many_rows(w, T)) {  // whole blocks of eight rows there; a tail of N % 8 rows below
 #if IGNIS_QGEMM_AMX
-      const Split8 x8(x, T, w.K, F, T >= 16 && w.N >= 16 && amx_ready());
+      const Split8 x8(x, T, w.K, F, w.N >= 16 && amx_ready());  // (the tiles take pairs of blocks)
 #else
       const Split8 x8(x, T, w.K, F);
 #endif
