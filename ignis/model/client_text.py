@@ -19,6 +19,7 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, is_dataclass
+from functools import lru_cache
 from typing import Any
 
 _PLACEHOLDER_DIGITS = 24
@@ -51,13 +52,22 @@ def plain_data(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+@lru_cache(maxsize=8)
+def markup_pattern(tokens: frozenset[str]) -> re.Pattern[str] | None:
+    """One regex of the markup `tokens`, longest first so a token wins over a token it
+    contains; None for none. Shared: the neutralizer and the prompt token cache look for the
+    same tokens, and a vocabulary of 79k reserved tokens compiles to ~20 MB (measured)."""
+    ordered = sorted(tokens, key=lambda t: (-len(t), t))
+    return re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+
 class Neutralizer:
     """Swaps markup in client strings for placeholders (see the module docstring)."""
 
     def __init__(self, control_tokens: Iterable[str]) -> None:
-        tokens = sorted({t for t in control_tokens if t}, key=len, reverse=True)
-        # Longest first, so a token wins over a token it contains.
-        self._pattern = re.compile("|".join(map(re.escape, tokens))) if tokens else None
+        distinct = frozenset(t for t in control_tokens if t)
+        tokens = sorted(distinct, key=len, reverse=True)
+        self._pattern = markup_pattern(distinct)
         # Proper prefixes (heads) and suffixes (tails) of the tokens, at least two characters,
         # looked up by bisection in the sorted tokens (tails: reversed): a set of every
         # fragment, or a regex of them, grew with the tokens' squared lengths (a vocabulary of

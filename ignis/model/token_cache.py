@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+from ignis.model.client_text import markup_pattern
+
 if TYPE_CHECKING:
     from ignis.model.tokenizer import Tokenizer
 
@@ -74,10 +76,10 @@ class TokenCache:
         self._held = 0
         self.tokenized = 0  # totals since construction
         self.reused = 0
-        tokens = sorted(tokenizer.control_tokens, key=len, reverse=True)
+        tokens = frozenset(t for t in tokenizer.control_tokens if t)
         # Longest first: at one position the longest token wins, as the tokenizer's
         # leftmost-longest matching does.
-        self._cut = re.compile("|".join(map(re.escape, tokens))) if tokens else None
+        self._cut = markup_pattern(tokens)
         self._ids = {t: tokenizer.added_tokens[t] for t in tokens}
         self.why_off = self._unsupported()
         if self.why_off is None and not self._probe():

@@ -12,6 +12,7 @@ import random
 import pytest
 
 from ignis.model.chat_template import ChatTemplate, encode_chat
+from ignis.model.client_text import Neutralizer
 from ignis.model.token_cache import TokenCache, TokenCount
 from ignis.model.tokenizer import Tokenizer
 from tests.model.tiny_models import (
@@ -99,6 +100,13 @@ def test_markup_in_client_text_takes_the_neutralising_path_with_the_same_ids(tok
         messages.append({"role": "user", "content": "end " + rng.choice(marks)[:3]})  # a fragment at an edge
         assert encode_chat(tokenizer, template, messages, token_cache=cache) == encode_chat(tokenizer, template, messages)
     assert cache._held <= 64 or len(cache._store) == 1
+
+
+def test_the_cache_and_the_neutralizer_share_one_markup_regex(tokenizer: Tokenizer) -> None:
+    # A vocabulary of 79k reserved tokens compiles to ~20 MB: held once, not once per user.
+    cut = TokenCache(tokenizer)._cut
+    assert cut is not None and cut is Neutralizer(reversed(tokenizer.control_tokens))._pattern
+    assert cut.fullmatch(max(tokenizer.control_tokens, key=len))
 
 
 def test_a_vocabulary_it_cannot_cut_exactly_turns_it_off(tmp_path) -> None:
