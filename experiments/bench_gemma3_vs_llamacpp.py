@@ -29,9 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from experiments import bench_vs_llamacpp
 from experiments.bench_vs_llamacpp import (
     BIN,
     LlamaServer,
+    bench_repack,
     build_llamacpp,
     llama_batched,
     llama_bench_tg,
@@ -42,7 +44,7 @@ from experiments.gemma3_vs_llamacpp import gemma_file
 
 def llama_bench_pp(gguf: Path, threads: int, n: int) -> float:
     out = subprocess.run([str(BIN / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", str(n), "-n", "0",
-                          "-r", "2", "-o", "json"], capture_output=True, text=True, check=True).stdout
+                          "-r", "2", "-o", "json", *bench_repack()], capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
@@ -105,6 +107,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gguf", type=Path, default=None, help="the file both run (default: Gemma 3 270M's)")
+    ap.add_argument("--llamacpp-repack", choices=["on", "off"], default="on",
+                    help="llama.cpp's weight repacking (off: on an AMX Xeon its repacked batched tool crashes)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -113,6 +117,7 @@ def main() -> None:
         child(args.threads, str(gguf), args.n)
         return
     build_llamacpp()
+    bench_vs_llamacpp.REPACK = args.llamacpp_repack == "on"
     rows: dict[str, list[tuple[float, float]]] = {k: [] for k in ("decode_1", "decode_16", "prefill_512", "rss_mb")}
     for r in range(args.rounds):
         theirs = {"decode_1": llama_bench_tg(gguf, args.threads),
