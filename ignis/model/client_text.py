@@ -65,16 +65,15 @@ class Neutralizer:
     """Swaps markup in client strings for placeholders (see the module docstring)."""
 
     def __init__(self, control_tokens: Iterable[str]) -> None:
-        distinct = frozenset(t for t in control_tokens if t)
-        tokens = sorted(distinct, key=len, reverse=True)
-        self._pattern = markup_pattern(distinct)
+        tokens = frozenset(t for t in control_tokens if t)
+        self._pattern = markup_pattern(tokens)
         # Proper prefixes (heads) and suffixes (tails) of the tokens, at least two characters,
         # looked up by bisection in the sorted tokens (tails: reversed): a set of every
         # fragment, or a regex of them, grew with the tokens' squared lengths (a vocabulary of
         # 79k reserved tokens took 660 MB).
         self._sorted = sorted(tokens)
         self._reversed = sorted(t[::-1] for t in tokens)
-        self._longest = len(tokens[0]) if tokens else 0
+        self._longest = max(map(len, tokens), default=0)
         # Strings found free of markup. Shared by the server's worker threads: each set
         # operation is atomic, and a lost update only costs a rescan.
         self._clean: set[str] = set()
